@@ -1,0 +1,155 @@
+//! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz`, `GET /policy`,
+//! and `GET|PUT|DELETE /pressure` (PRODUCT.md "Observability", "Pressure").
+//!
+//! It binds to loopback by default: it can pin pressure, so it is an operator's tool, not a
+//! public one.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::admission::Pressure;
+use crate::metrics::Metrics;
+use crate::policy::{Area, Class, Mode, PolicyStore, Supersession};
+use crate::pressure::PressureGauge;
+use crate::rejection::PROBLEM_JSON;
+
+/// What the admin handlers read and change.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    /// The live policy.
+    pub store: Arc<PolicyStore>,
+    /// The pressure gauge.
+    pub pressure: Arc<PressureGauge>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The admin routes.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/policy", get(policy))
+        .route("/pressure", get(get_pressure).put(pin_pressure).delete(unpin_pressure))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Serialize)]
+struct StreamView<'a> {
+    name: &'a str,
+    supersession: Supersession,
+    class: Class,
+    mode: Mode,
+    enabled: bool,
+    stale_after_seconds: f64,
+    pointers: [&'a str; 3],
+}
+
+#[derive(Serialize)]
+struct PolicyView<'a> {
+    version: &'a str,
+    directory: String,
+    mode: Mode,
+    band: f64,
+    ramp: f64,
+    default_rank: u8,
+    stale_status: u16,
+    cells: usize,
+    streams: Vec<StreamView<'a>>,
+    areas: &'a [Area],
+    last_error: Option<String>,
+}
+
+async fn policy(State(s): State<AdminState>) -> Response {
+    let snapshot = s.store.load();
+    let p = &snapshot.policy;
+    let view = PolicyView {
+        version: p.version(),
+        directory: s.store.dir().display().to_string(),
+        mode: p.mode(),
+        band: p.curve().band(),
+        ramp: p.curve().ramp(),
+        default_rank: p.default_rank().get(),
+        stale_status: p.stale_status().as_u16(),
+        cells: p.cell_count(),
+        streams: p
+            .streams()
+            .iter()
+            .map(|st| {
+                let [lat, lon, time] = st.extractor.pointers();
+                StreamView {
+                    name: &st.name,
+                    supersession: st.supersession,
+                    class: st.class,
+                    mode: st.mode,
+                    enabled: st.enabled,
+                    stale_after_seconds: st.stale_after.as_secs_f64(),
+                    pointers: [lat.as_str(), lon.as_str(), time.as_str()],
+                }
+            })
+            .collect(),
+        areas: p.areas(),
+        last_error: s.store.last_error(),
+    };
+    Json(view).into_response()
+}
+
+async fn get_pressure(State(s): State<AdminState>) -> Response {
+    Json(s.pressure.view()).into_response()
+}
+
+/// `PUT /pressure` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pin {
+    pin: f64,
+}
+
+async fn pin_pressure(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let pin = serde_json::from_slice::<Pin>(&body)
+        .map_err(|e| format!("expected {{\"pin\": <0.0..=1.0>}}: {e}"))
+        .and_then(|p| {
+            Pressure::new(p.pin).ok_or_else(|| format!("pin must be in [0, 1], got {}", p.pin))
+        });
+    match pin {
+        Ok(p) => {
+            s.pressure.pin(Some(p));
+            s.metrics.pressure.set(p.get());
+            s.metrics.pressure_pinned.set(1.0);
+            tracing::warn!(pressure = p.get(), "pressure pinned by operator");
+            Json(s.pressure.view()).into_response()
+        }
+        Err(detail) => problem(StatusCode::UNPROCESSABLE_ENTITY, "Invalid pressure pin", &detail),
+    }
+}
+
+async fn unpin_pressure(State(s): State<AdminState>) -> Response {
+    s.pressure.pin(None);
+    s.metrics.pressure_pinned.set(0.0);
+    tracing::info!("pressure unpinned");
+    Json(s.pressure.view()).into_response()
+}
+
+fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    (status, [(header::CONTENT_TYPE, PROBLEM_JSON)], body.to_string()).into_response()
+}

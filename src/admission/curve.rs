@@ -1,0 +1,246 @@
+//! The graduated shed curve: shed probability from area rank and pressure (PRODUCT.md
+//! "Decision rule", step 6).
+
+use std::fmt;
+
+use super::{Pressure, Rank};
+
+/// Shape of the pressure-shedding curve.
+///
+/// With threshold `t = (1 - p) * 100` (the seed's rule), the probability that a sheddable
+/// event of rank `r` is shed at pressure `p` is
+///
+/// ```text
+/// P(r, p) = 0                                   if p <= 0.5
+///         = 1                                   if p >= 1
+///         = ramp_factor(p) * rank_factor(r, p)  otherwise
+/// ramp_factor(p)    = clamp((p - 0.5) / ramp, 0, 1)        (1 for p > 0.5 when ramp = 0)
+/// rank_factor(r, p) = clamp((r - t) / min(band, t), 0, 1)  (step r > t when band = 0)
+/// ```
+///
+/// Why each piece (PRODUCT.md "Decision rule"): the seed's step rule has two cliffs, and a
+/// cliff in a closed loop is an on/off switch that oscillates. `ramp` (pressure units, in
+/// `[0, 0.5]`) lets ranks above 50 ramp in just above the floor instead of all becoming
+/// sheddable at `p = 0.5`; `band` (ranks, in `[0, 50]`) sheds the ranks just above `t`
+/// partially. The band narrows to `t` as `p → 1` so that the probability reaches 1 at
+/// `p = 1` continuously. With `band = 0` and `ramp = 0` this is exactly the seed's step rule.
+///
+/// Properties (each a property test): 0 for `p <= 0.5`; 0 for `r <= t` while `p < 1`; 1 at
+/// `p = 1`; non-decreasing in `p` and in `r`; continuous in `p`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Curve {
+    band: f64,
+    ramp: f64,
+}
+
+/// A curve parameter outside its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CurveError {
+    /// `band` must be a finite number of ranks in `[0, 50]`.
+    #[error("band must be a number of ranks in [0, 50], got {0}")]
+    Band(f64),
+    /// `ramp` must be a finite pressure interval in `[0, 0.5]`.
+    #[error("ramp must be a pressure interval in [0, 0.5], got {0}")]
+    Ramp(f64),
+}
+
+impl Curve {
+    /// Default band: 10 ranks. With it the seed's examples hold (at `p = 0.75`, rank 50 is
+    /// always shed and rank 5 never).
+    pub const DEFAULT_BAND: f64 = 10.0;
+    /// Default ramp: 0.05 of pressure, so ranks above 50 are fully in play from `p = 0.55`.
+    pub const DEFAULT_RAMP: f64 = 0.05;
+    /// The seed's step rule (`band = 0`, `ramp = 0`).
+    pub const STEP: Curve = Curve {
+        band: 0.0,
+        ramp: 0.0,
+    };
+
+    /// A curve with `band` in ranks `[0, 50]` and `ramp` in pressure units `[0, 0.5]`.
+    ///
+    /// # Errors
+    /// [`CurveError`] when a value is out of range or not finite.
+    pub fn new(band: f64, ramp: f64) -> Result<Self, CurveError> {
+        if !(0.0..=50.0).contains(&band) {
+            return Err(CurveError::Band(band));
+        }
+        if !(0.0..=0.5).contains(&ramp) {
+            return Err(CurveError::Ramp(ramp));
+        }
+        Ok(Curve { band, ramp })
+    }
+
+    /// Band in ranks.
+    pub fn band(&self) -> f64 {
+        self.band
+    }
+
+    /// Ramp in pressure units.
+    pub fn ramp(&self) -> f64 {
+        self.ramp
+    }
+
+    /// The rank threshold `t = (1 - p) * 100`: ranks at or below it are never pressure-shed
+    /// while `p < 1`. Returns 100 at or below the floor (`p <= 0.5`: nothing is shed).
+    pub fn threshold(pressure: Pressure) -> f64 {
+        let p = pressure.get();
+        if p <= 0.5 { 100.0 } else { (1.0 - p) * 100.0 }
+    }
+
+    /// Shed probability in `[0, 1]` for a sheddable event of `rank` at `pressure`.
+    pub fn shed_probability(&self, rank: Rank, pressure: Pressure) -> f64 {
+        let p = pressure.get();
+        if p <= 0.5 {
+            return 0.0;
+        }
+        if p >= 1.0 {
+            return 1.0;
+        }
+        let ramp_factor = if self.ramp == 0.0 {
+            1.0
+        } else {
+            ((p - 0.5) / self.ramp).min(1.0)
+        };
+        let t = (1.0 - p) * 100.0;
+        let over = f64::from(rank.get()) - t;
+        if over <= 0.0 {
+            return 0.0;
+        }
+        let band = self.band.min(t);
+        let rank_factor = if band == 0.0 {
+            1.0
+        } else {
+            (over / band).min(1.0)
+        };
+        ramp_factor * rank_factor
+    }
+}
+
+impl Default for Curve {
+    fn default() -> Self {
+        Curve {
+            band: Self::DEFAULT_BAND,
+            ramp: Self::DEFAULT_RAMP,
+        }
+    }
+}
+
+impl fmt::Display for Curve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "band {} ranks, ramp {}", self.band, self.ramp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rank(r: u8) -> Rank {
+        Rank::new(r).unwrap()
+    }
+
+    fn curves() -> impl Strategy<Value = Curve> {
+        (0.0f64..=50.0, 0.0f64..=0.5).prop_map(|(b, r)| Curve::new(b, r).unwrap())
+    }
+
+    fn pressures() -> impl Strategy<Value = f64> {
+        prop_oneof![0.0f64..=1.0, Just(0.5), Just(1.0), Just(0.0)]
+    }
+
+    #[test]
+    fn seed_examples_hold_with_defaults() {
+        let c = Curve::default();
+        let p = Pressure::new(0.75).unwrap();
+        assert_eq!(c.shed_probability(rank(5), p), 0.0);
+        assert_eq!(c.shed_probability(rank(50), p), 1.0);
+        let p = Pressure::new(0.4).unwrap();
+        assert_eq!(c.shed_probability(rank(100), p), 0.0);
+        // "At pressure 0.7, areas ranked above thirty are dropped" (band sheds 31..40 partly).
+        let p = Pressure::new(0.7).unwrap();
+        assert_eq!(c.shed_probability(rank(30), p), 0.0);
+        assert!(c.shed_probability(rank(31), p) > 0.0);
+        assert_eq!(c.shed_probability(rank(41), p), 1.0);
+    }
+
+    #[test]
+    fn zero_band_and_ramp_is_the_seed_step_rule() {
+        for r in 1..=100u8 {
+            for i in 0..=1000 {
+                let p = f64::from(i) / 1000.0;
+                let seed = p > 0.5 && f64::from(r) > (1.0 - p) * 100.0;
+                let got = Curve::STEP.shed_probability(rank(r), Pressure::new(p).unwrap());
+                assert_eq!(got, if seed { 1.0 } else { 0.0 }, "rank {r} pressure {p}");
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn zero_at_or_below_floor(c in curves(), r in 1u8..=100, p in 0.0f64..=0.5) {
+            prop_assert_eq!(c.shed_probability(rank(r), Pressure::new(p).unwrap()), 0.0);
+        }
+
+        #[test]
+        fn zero_at_or_below_threshold(c in curves(), p in 0.0f64..1.0, r in 1u8..=100) {
+            let pr = Pressure::new(p).unwrap();
+            prop_assume!(f64::from(r) <= (1.0 - p) * 100.0);
+            prop_assert_eq!(c.shed_probability(rank(r), pr), 0.0);
+        }
+
+        #[test]
+        fn one_at_full_pressure(c in curves(), r in 1u8..=100) {
+            prop_assert_eq!(c.shed_probability(rank(r), Pressure::FULL), 1.0);
+        }
+
+        #[test]
+        fn bounded(c in curves(), r in 1u8..=100, p in pressures()) {
+            let v = c.shed_probability(rank(r), Pressure::new(p).unwrap());
+            prop_assert!((0.0..=1.0).contains(&v));
+        }
+
+        #[test]
+        fn monotone_in_pressure(c in curves(), r in 1u8..=100, a in pressures(), b in pressures()) {
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let vlo = c.shed_probability(rank(r), Pressure::new(lo).unwrap());
+            let vhi = c.shed_probability(rank(r), Pressure::new(hi).unwrap());
+            prop_assert!(vlo <= vhi, "{vlo} at {lo} > {vhi} at {hi}");
+        }
+
+        #[test]
+        fn monotone_in_rank(c in curves(), a in 1u8..=100, b in 1u8..=100, p in pressures()) {
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let pr = Pressure::new(p).unwrap();
+            prop_assert!(c.shed_probability(rank(lo), pr) <= c.shed_probability(rank(hi), pr));
+        }
+
+        /// Continuity in pressure: a tiny step in pressure moves the probability a little.
+        /// The bound is the curve's steepest slope (1/ramp from the ramp, 100/min(band, t) from
+        /// the band) times the step, so curves with a positive band and ramp are tested.
+        #[test]
+        fn continuous_in_pressure(
+            band in 1.0f64..=50.0,
+            ramp in 0.01f64..=0.5,
+            r in 1u8..=100,
+            p in 0.0f64..=1.0,
+        ) {
+            let c = Curve::new(band, ramp).unwrap();
+            let h = 1e-9;
+            let q = (p + h).min(1.0);
+            let a = c.shed_probability(rank(r), Pressure::new(p).unwrap());
+            let b = c.shed_probability(rank(r), Pressure::new(q).unwrap());
+            // Near p = 1 the band shrinks to t, so the slope grows like r/t²: allow for it.
+            let t = ((1.0 - q) * 100.0).max(1e-3);
+            let slope = 1.0 / ramp + 100.0 / band.min(t) + 100.0 * f64::from(r) / (t * t);
+            prop_assert!((b - a).abs() <= slope * h + 1e-12, "jump {} at p={p}", b - a);
+        }
+
+        #[test]
+        fn continuous_at_full_pressure(c in curves(), r in 1u8..=100) {
+            prop_assume!(c.band() > 0.0);
+            // Approaching p = 1 from below, the probability approaches 1.
+            let near = c.shed_probability(rank(r), Pressure::new(1.0 - 1e-9).unwrap());
+            prop_assert!(near > 1.0 - 1e-6, "{near}");
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The admission decision: a pure function of the policy, the event's facts, `now`, the
+//! pressure and a random draw (PRODUCT.md "Decision rule").
+
+pub mod curve;
+pub mod extract;
+pub mod time;
+
+use std::fmt;
+use std::num::NonZeroU8;
+
+use serde::Serialize;
+
+pub use curve::Curve;
+pub use extract::{BodyState, Coordinates, EventTime, Extractor, Facts, JsonPointer};
+pub use time::UnixMillis;
+
+use crate::policy::{AreaId, Mode, Policy, StreamId, Supersession};
+
+/// Area rank: an integer in `1..=100`; lower is more important (shed last). PRODUCT.md
+/// "Areas".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "u8")]
+pub struct Rank(NonZeroU8);
+
+impl Rank {
+    /// The default rank of an area nobody configured: 50, mid-range, not lowest (the
+    /// geographic seed's `DEFAULT_AREA_RANK`).
+    pub const DEFAULT: Rank = Rank(NonZeroU8::new(50).unwrap());
+
+    /// `Some` for `1..=100`.
+    pub fn new(rank: u8) -> Option<Self> {
+        NonZeroU8::new(rank).filter(|r| r.get() <= 100).map(Rank)
+    }
+
+    /// The rank as an integer in `1..=100`.
+    pub fn get(self) -> u8 {
+        self.0.get()
+    }
+}
+
+impl From<Rank> for u8 {
+    fn from(r: Rank) -> u8 {
+        r.get()
+    }
+}
+
+impl fmt::Display for Rank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
+/// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix
+/// (PRODUCT.md "Pressure").
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
+pub struct Pressure(f64);
+
+impl Pressure {
+    /// No pressure.
+    pub const ZERO: Pressure = Pressure(0.0);
+    /// Full pressure: every sheddable event is shed.
+    pub const FULL: Pressure = Pressure(1.0);
+
+    /// `Some` for a value in `[0, 1]` (NaN is `None`).
+    pub fn new(value: f64) -> Option<Self> {
+        (0.0..=1.0).contains(&value).then_some(Pressure(value))
+    }
+
+    /// Clamps into `[0, 1]`; NaN becomes 0 (shed nothing rather than everything).
+    pub fn saturating(value: f64) -> Self {
+        if value.is_nan() {
+            Pressure(0.0)
+        } else {
+            Pressure(value.clamp(0.0, 1.0))
+        }
+    }
+
+    /// The value in `[0, 1]`.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+/// The rule that decided a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// The stream is classified `never`: nothing resends its events.
+    NeverShed,
+    /// The stream is not in the policy (or the request named none): treated as `never`.
+    UnknownStream,
+    /// An operator disabled this sheddable stream.
+    Disabled,
+    /// Older than the stream's `stale_after`: its successor already arrived.
+    Stale,
+    /// Shed by the pressure curve.
+    Pressure,
+    /// Considered by the pressure curve and kept.
+    Kept,
+}
+
+impl Rule {
+    /// The shed reason this rule stands for, if it sheds.
+    pub fn shed_reason(self) -> Option<ShedReason> {
+        match self {
+            Rule::Disabled => Some(ShedReason::Disabled),
+            Rule::Stale => Some(ShedReason::Stale),
+            Rule::Pressure => Some(ShedReason::Pressure),
+            Rule::NeverShed | Rule::UnknownStream | Rule::Kept => None,
+        }
+    }
+
+    /// Stable name, as in logs and `explain`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::NeverShed => "never-shed",
+            Rule::UnknownStream => "unknown-stream",
+            Rule::Disabled => "disabled",
+            Rule::Stale => "stale",
+            Rule::Pressure => "pressure",
+            Rule::Kept => "kept",
+        }
+    }
+}
+
+/// Why a request was (or, in warn mode, would have been) shed. The `X-Shed-Reason` header
+/// and the `reason` metric label carry [`ShedReason::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShedReason {
+    /// Operator-disabled stream.
+    Disabled,
+    /// Stale event.
+    Stale,
+    /// Pressure curve.
+    Pressure,
+}
+
+impl ShedReason {
+    /// All reasons, in metric-slot order.
+    pub const ALL: [ShedReason; 3] = [ShedReason::Disabled, ShedReason::Stale, ShedReason::Pressure];
+
+    /// Stable name: `disabled`, `stale`, `pressure`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::Disabled => "disabled",
+            ShedReason::Stale => "stale",
+            ShedReason::Pressure => "pressure",
+        }
+    }
+
+    /// Index into [`ShedReason::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What happens to the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "verdict", content = "reason")]
+pub enum Verdict {
+    /// Forward it.
+    Admit,
+    /// Answer it here; it never reaches the upstream.
+    Shed(ShedReason),
+    /// Warn mode: it would have been shed for this reason; it is forwarded.
+    WouldShed(ShedReason),
+}
+
+/// One decision and everything needed to explain it (PRODUCT.md "Decision rule": "every
+/// decision can explain itself").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// What happens.
+    pub verdict: Verdict,
+    /// The rule that fired.
+    pub rule: Rule,
+    /// The configured area the event fell in, `None` for unconfigured places and unreadable
+    /// coordinates.
+    pub area: Option<AreaId>,
+    /// The rank used: the area's, or the policy's default rank.
+    pub rank: Rank,
+    /// Pressure-shed probability in `[0, 1]` at this rank and pressure (0 when the curve was
+    /// not consulted).
+    pub probability: f64,
+    /// The pressure the decision saw.
+    pub pressure: Pressure,
+    /// Event age in milliseconds when its time was readable (negative: in the future).
+    pub age_ms: Option<i64>,
+}
+
+/// Decides one request (PRODUCT.md "Decision rule", steps 2–7).
+///
+/// - `stream`: the stream's id in `policy`, `None` when unknown or missing (→ never shed).
+/// - `facts`: what the body said; [`Facts::UNREAD`] for a body not read.
+/// - `now`: the current time, for staleness.
+/// - `pressure`: current pressure.
+/// - `draw`: a uniform random number in `[0, 1)`; the event is pressure-shed when
+///   `draw < probability`.
+pub fn decide(
+    policy: &Policy,
+    stream: Option<StreamId>,
+    facts: &Facts,
+    now: UnixMillis,
+    pressure: Pressure,
+    draw: f64,
+) -> Decision {
+    let mut decision = Decision {
+        verdict: Verdict::Admit,
+        rule: Rule::UnknownStream,
+        area: None,
+        rank: policy.default_rank(),
+        probability: 0.0,
+        pressure,
+        age_ms: None,
+    };
+    let Some(id) = stream else {
+        return decision;
+    };
+    let stream = policy.stream_policy(id);
+    if stream.supersession == Supersession::Never {
+        decision.rule = Rule::NeverShed;
+        return decision;
+    }
+    if let Coordinates::Valid { lat, lon } = facts.coordinates {
+        let (area, rank) = policy.area_at(lat, lon);
+        decision.area = area;
+        decision.rank = rank;
+    }
+    if let EventTime::At(at) = facts.time {
+        decision.age_ms = Some(now.since(at));
+    }
+    let warn = stream.mode == Mode::Warn || policy.mode() == Mode::Warn;
+    let shed = |d: &mut Decision, rule: Rule, reason: ShedReason| {
+        d.rule = rule;
+        d.verdict = if warn {
+            Verdict::WouldShed(reason)
+        } else {
+            Verdict::Shed(reason)
+        };
+    };
+    if !stream.enabled {
+        shed(&mut decision, Rule::Disabled, ShedReason::Disabled);
+        return decision;
+    }
+    if let Some(age) = decision.age_ms {
+        let stale_after = i64::try_from(stream.stale_after.as_millis()).unwrap_or(i64::MAX);
+        if age > stale_after {
+            shed(&mut decision, Rule::Stale, ShedReason::Stale);
+            return decision;
+        }
+    }
+    decision.probability = policy.curve().shed_probability(decision.rank, pressure);
+    if draw < decision.probability {
+        shed(&mut decision, Rule::Pressure, ShedReason::Pressure);
+    } else {
+        decision.rule = Rule::Kept;
+    }
+    decision
+}

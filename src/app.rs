@@ -1,0 +1,320 @@
+//! Builds the proxy stack in one function and runs the listeners, the pressure ticker and
+//! graceful shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower::{Service, ServiceBuilder};
+
+use crate::admin::{self, AdminState};
+use crate::admission::Curve;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::middleware::{AdmissionLayer, AdmissionSettings, Sources};
+use crate::policy::{PolicyError, PolicyStore, Warning};
+use crate::pressure::{PressureGauge, TICK};
+use crate::rejection::Body;
+use crate::upstream::{ClientInfo, Proxy};
+
+/// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
+/// rest.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The policy directory does not hold a valid policy.
+    #[error("policy: {0}")]
+    Policy(#[from] PolicyError),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// The shared pieces of one running proxy.
+#[derive(Debug, Clone)]
+pub struct Parts {
+    /// The live policy.
+    pub store: Arc<PolicyStore>,
+    /// Pressure.
+    pub pressure: Arc<PressureGauge>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Builds the request stack, outermost layer first.
+pub fn build_stack(
+    config: &Config,
+    parts: &Parts,
+    sources: Sources,
+) -> impl Service<Request<Incoming>, Response = http::Response<Body>, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        // Admission first and outermost: it must decide before anything reaches the
+        // upstream (a shed request never claims an upstream deduplication key), and it owns
+        // the in-flight guard, which must live until the response body ends.
+        .layer(AdmissionLayer::new(
+            Arc::clone(&parts.store),
+            Arc::clone(&parts.pressure),
+            AdmissionSettings {
+                stream_header: config.stream_header.clone(),
+                max_body: config.max_body,
+                body_read_timeout: config.body_read_timeout,
+                retry_after_max: config.retry_after_max,
+            },
+            sources,
+        ))
+        // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the
+        // mapping of client failures to 502/504/408/413 responses (never errors that would
+        // make hyper drop the client's connection).
+        .service(Proxy::new(
+            &config.upstream,
+            config.upstream_timeout,
+            config.connect_timeout,
+            config.max_body,
+        ))
+}
+
+/// A running proxy.
+#[derive(Debug)]
+pub struct Running {
+    /// The client listener's bound address.
+    pub proxy_addr: SocketAddr,
+    /// The admin listener's bound address.
+    pub admin_addr: SocketAddr,
+    /// Shared pieces (for tests and the demo).
+    pub parts: Parts,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, drains in-flight requests (up to the drain timeout), and returns
+    /// when everything has stopped.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Binds the listeners, loads the policy and starts serving.
+///
+/// # Errors
+/// [`StartError`] for an invalid policy or a listener that cannot bind.
+pub async fn start(config: Config, sources: Sources) -> Result<(Running, Vec<Warning>), StartError> {
+    let metrics = Arc::new(Metrics::new());
+    let (store, warnings) = PolicyStore::open(&config.policies, Arc::clone(&metrics))?;
+    let parts = Parts {
+        store: Arc::new(store),
+        pressure: Arc::new(PressureGauge::new(config.controller)),
+        metrics,
+    };
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })
+    };
+    let listener = bind(config.listen).await?;
+    let admin_listener = bind(config.admin_listen).await?;
+    let proxy_addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            addr: config.admin_listen,
+            source,
+        })?;
+    let (shutdown, shutdown_rx) = watch::channel(false);
+
+    let stack = build_stack(&config, &parts, sources);
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(serve_proxy(
+        listener,
+        stack,
+        config.header_read_timeout,
+        config.drain_timeout,
+        shutdown_rx.clone(),
+    )));
+    let router = admin::router(AdminState {
+        store: Arc::clone(&parts.store),
+        pressure: Arc::clone(&parts.pressure),
+        metrics: Arc::clone(&parts.metrics),
+    });
+    let mut admin_shutdown = shutdown_rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let stop = async move {
+            let _ = admin_shutdown.wait_for(|stop| *stop).await;
+        };
+        if let Err(e) = axum::serve(admin_listener, router)
+            .with_graceful_shutdown(stop)
+            .await
+        {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    }));
+    tasks.push(tokio::spawn(tick(parts.clone(), shutdown_rx)));
+    tracing::info!(
+        %proxy_addr,
+        %admin_addr,
+        upstream = %config.upstream,
+        policy_version = parts.store.load().policy.version(),
+        "shedgate serving"
+    );
+    Ok((
+        Running {
+            proxy_addr,
+            admin_addr,
+            parts,
+            shutdown,
+            tasks,
+        },
+        warnings,
+    ))
+}
+
+/// Updates pressure every [`TICK`] and the metrics that follow from it; drains histogram
+/// samples every few seconds.
+async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = tokio::time::Instant::now();
+    let mut upkeep = 0u32;
+    let mut shedding = 0.0f64;
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let now = tokio::time::Instant::now();
+        parts.pressure.tick(now);
+        let p = parts.pressure.pressure();
+        let m = &parts.metrics;
+        m.pressure.set(p.get());
+        m.inflight.set(f64::from(parts.pressure.inflight()));
+        m.rank_cutoff.set(Curve::threshold(p));
+        if p.get() > 0.5 {
+            // Counters hold integers: accumulate exactly, export whole seconds.
+            shedding += now.saturating_duration_since(last).as_secs_f64();
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            m.shedding_seconds.absolute(shedding.floor() as u64);
+        }
+        last = now;
+        upkeep += 1;
+        if upkeep >= 100 {
+            upkeep = 0;
+            m.run_upkeep();
+        }
+    }
+}
+
+/// Accepts connections until shutdown, then drains.
+async fn serve_proxy<S>(
+    listener: TcpListener,
+    stack: S,
+    header_read_timeout: Duration,
+    drain_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: Service<Request<Incoming>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(true);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|s| *s) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let info = ClientInfo { peer };
+        let svc = tower::util::MapRequest::new(stack.clone(), move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(info);
+            req
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("draining in-flight requests");
+    if tokio::time::timeout(drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(?drain_timeout, "drain timeout elapsed with requests still in flight");
+    }
+}
+
+/// Runs until SIGTERM or Ctrl-C, then shuts down gracefully.
+///
+/// # Errors
+/// As [`start`].
+pub async fn serve(config: Config) -> Result<(), StartError> {
+    let (running, warnings) = start(config, Sources::default()).await?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    shutdown_signal().await;
+    tracing::info!("shutdown signal received");
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

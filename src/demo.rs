@@ -1,0 +1,478 @@
+//! The self-contained demo (PRODUCT.md "Operator tools"): an upstream of fixed capacity, the
+//! proxy with a policy directory, and traffic from real geography (GeoNames cities weighted
+//! by population, and rural places) at 1×, then 4×, then 1× the upstream's capacity, all
+//! over loopback sockets. It prints what was delivered and shed per stream and per area.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::admission::UnixMillis;
+use crate::config::{Config, ServeArgs};
+use crate::middleware::Sources;
+use crate::policy::{self, Policy, Supersession};
+
+/// GeoNames cities with 15,000+ inhabitants (CC BY 4.0): `geonameid,name,country,lat,lon,population`.
+pub const CITIES_CSV: &str = include_str!("../data/cities15000.csv");
+/// A fixed sample of GeoNames places under 2,000 inhabitants (CC BY 4.0), same columns.
+pub const SMALL_PLACES_CSV: &str = include_str!("../data/small-places.csv");
+
+/// `shedgate demo` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Policy directory.
+    #[arg(long, default_value = "policies")]
+    pub policies: PathBuf,
+    /// Upstream workers (concurrent requests it serves).
+    #[arg(long, default_value_t = 8)]
+    pub workers: u32,
+    /// Upstream service time per request, milliseconds.
+    #[arg(long, default_value_t = 40)]
+    pub service_ms: u64,
+    /// Seconds per phase (the overload phase lasts twice as long).
+    #[arg(long, default_value_t = 5)]
+    pub phase_seconds: u64,
+    /// Overload factor of the middle phase.
+    #[arg(long, default_value_t = 4.0)]
+    pub overload: f64,
+    /// Random seed of the traffic.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+/// A place events come from.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// Name.
+    pub name: String,
+    /// Latitude, degrees.
+    pub lat: f64,
+    /// Longitude, degrees.
+    pub lon: f64,
+    /// Inhabitants.
+    pub population: u64,
+}
+
+/// Parses the GeoNames CSV extract (`geonameid,name,country,lat,lon,population`).
+pub fn parse_places(csv: &str) -> Vec<Place> {
+    csv.lines()
+        .skip(1)
+        .filter_map(|line| {
+            // Names may hold commas inside quotes; the numeric columns are the last three.
+            let mut cols = line.rsplitn(4, ',');
+            let population = cols.next()?.trim().parse().ok()?;
+            let lon = cols.next()?.trim().parse().ok()?;
+            let lat = cols.next()?.trim().parse().ok()?;
+            let rest = cols.next()?;
+            let name = rest.split_once(',').map_or(rest, |(_, n)| n);
+            let name = name.rsplit_once(',').map_or(name, |(n, _)| n).trim_matches('"');
+            Some(Place {
+                name: name.to_owned(),
+                lat,
+                lon,
+                population,
+            })
+        })
+        .collect()
+}
+
+/// An upstream of fixed capacity: `workers` requests at a time, each taking `service` (the
+/// rest wait in an unbounded queue, as a saturated ingestion service's backlog does).
+#[derive(Debug)]
+pub struct FixedCapacityUpstream {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// Requests served so far.
+    pub served: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FixedCapacityUpstream {
+    /// Starts it on an ephemeral loopback port.
+    ///
+    /// # Errors
+    /// When the port cannot be bound.
+    pub async fn start(workers: u32, service: Duration) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let permits = Arc::new(Semaphore::new(workers as usize));
+        let served = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&served);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let permits = Arc::clone(&permits);
+                let served = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let permits = Arc::clone(&permits);
+                        let served = Arc::clone(&served);
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            let _permit = permits.acquire().await;
+                            tokio::time::sleep(service).await;
+                            served.fetch_add(1, Ordering::Relaxed);
+                            let mut r = Response::new(Empty::<Bytes>::new());
+                            *r.status_mut() = StatusCode::NO_CONTENT;
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok(FixedCapacityUpstream { addr, served, task })
+    }
+}
+
+impl Drop for FixedCapacityUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Stream mix of the demo traffic: (stream, share). Streams not in the policy are unknown,
+/// hence never shed.
+const STREAMS: &[(&str, f64)] = &[
+    ("vehicle.position", 0.62),
+    ("sensor.reading", 0.18),
+    ("tile.render", 0.08),
+    ("feature.boundary_edit", 0.04),
+    ("geofence.transition", 0.05),
+    ("dlq.replay", 0.02),
+    ("partner.unclassified", 0.01),
+];
+/// Share of sheddable events sent already stale (two minutes old).
+const STALE_SHARE: f64 = 0.04;
+/// Share of events from rural places (the rest: cities, weighted by population).
+const RURAL_SHARE: f64 = 0.25;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    sent: u64,
+    delivered: u64,
+    shed: u64,
+    stale: u64,
+    other: u64,
+}
+
+impl Tally {
+    fn add(&mut self, outcome: Result_) {
+        self.sent += 1;
+        match outcome {
+            Result_::Delivered => self.delivered += 1,
+            Result_::Shed => self.shed += 1,
+            Result_::Stale => self.stale += 1,
+            Result_::Other => self.other += 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Result_ {
+    Delivered,
+    Shed,
+    Stale,
+    Other,
+}
+
+#[derive(Debug, Default)]
+struct Report {
+    by_stream: BTreeMap<(usize, &'static str), Tally>,
+    by_area: BTreeMap<(usize, String), Tally>,
+}
+
+/// Runs the demo and prints its tables. Exit code 1 if something could not start.
+pub async fn run(args: DemoArgs) -> ExitCode {
+    match run_inner(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let policy = policy::load_dir(&args.policies)?.policy;
+    let service = Duration::from_millis(args.service_ms.max(1));
+    let upstream = FixedCapacityUpstream::start(args.workers.max(1), service).await?;
+    #[allow(clippy::cast_precision_loss)]
+    let capacity = f64::from(args.workers.max(1)) / service.as_secs_f64();
+    let config = Config::from_args(ServeArgs {
+        listen: Some("127.0.0.1:0".parse()?),
+        admin_listen: Some("127.0.0.1:0".parse()?),
+        upstream: Some(format!("http://{}", upstream.addr)),
+        policies: Some(args.policies.clone()),
+        max_inflight: Some(args.workers.max(1)),
+        latency_target: Some(format!("{}ms", args.service_ms * 3 / 2)),
+        upstream_timeout: Some("5s".into()),
+        ..ServeArgs::default()
+    })?;
+    let (proxy, _) = crate::app::start(config, Sources::default()).await?;
+    let cities = parse_places(CITIES_CSV);
+    let rural = parse_places(SMALL_PLACES_CSV);
+    let mut cumulative = Vec::with_capacity(cities.len());
+    let mut total = 0u64;
+    for c in &cities {
+        total += c.population;
+        cumulative.push(total);
+    }
+    let phases = [
+        ("1x", 1.0, args.phase_seconds),
+        ("overload", args.overload, args.phase_seconds * 2),
+        ("1x again", 1.0, args.phase_seconds),
+    ];
+    println!(
+        "shedgate demo: upstream {} workers x {} ms = {capacity:.0} req/s; policy {} ({} areas); \
+         phases {}",
+        args.workers,
+        args.service_ms,
+        policy.version(),
+        policy.areas().len(),
+        phases
+            .iter()
+            .map(|(n, f, s)| format!("{n} {f}x {s}s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build_http();
+    let report = Arc::new(Mutex::new(Report::default()));
+    let mut rng = fastrand::Rng::with_seed(args.seed);
+    let url = format!("http://{}/ingest", proxy.proxy_addr);
+    let pressure = Arc::clone(&proxy.parts.pressure);
+    for (phase_index, (name, factor, secs)) in phases.iter().enumerate() {
+        let rate = capacity * factor;
+        let start = Instant::now();
+        let mut sent = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let mut pressure_sum = 0.0;
+        let mut samples = 0u32;
+        while start.elapsed() < Duration::from_secs(*secs) {
+            tick.tick().await;
+            pressure_sum += pressure.pressure().get();
+            samples += 1;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let due = (start.elapsed().as_secs_f64() * rate) as u64;
+            while sent < due {
+                sent += 1;
+                let event = make_event(&mut rng, &cities, &cumulative, total, &rural, &policy);
+                let client = client.clone();
+                let report = Arc::clone(&report);
+                let url = url.clone();
+                tokio::spawn(async move {
+                    let outcome = send(&client, &url, &event).await;
+                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                    r.by_stream
+                        .entry((phase_index, event.stream))
+                        .or_default()
+                        .add(outcome);
+                    if let Some(area) = event.area {
+                        r.by_area.entry((phase_index, area)).or_default().add(outcome);
+                    }
+                });
+            }
+        }
+        println!(
+            "  phase {name:<9} offered {:>5.0} req/s, mean pressure {:.2}",
+            rate,
+            pressure_sum / f64::from(samples.max(1))
+        );
+    }
+    // Let the last requests finish.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = report.lock().unwrap_or_else(|p| p.into_inner());
+    print_report(&report, &phases.map(|p| p.0), &policy);
+    println!(
+        "\nmetrics: {} shed series; upstream served {} requests",
+        proxy
+            .parts
+            .metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with(crate::metrics::SHED))
+            .count(),
+        upstream.served.load(Ordering::Relaxed)
+    );
+    proxy.shutdown().await;
+    Ok(())
+}
+
+struct Event {
+    stream: &'static str,
+    /// Area label for the report (sheddable streams only).
+    area: Option<String>,
+    body: Bytes,
+}
+
+fn make_event(
+    rng: &mut fastrand::Rng,
+    cities: &[Place],
+    cumulative: &[u64],
+    total: u64,
+    rural: &[Place],
+    policy: &Policy,
+) -> Event {
+    let mut pick = rng.f64();
+    let mut stream = STREAMS[0].0;
+    for (name, share) in STREAMS {
+        if pick < *share {
+            stream = name;
+            break;
+        }
+        pick -= share;
+    }
+    let is_rural = rng.f64() < RURAL_SHARE;
+    let place = if is_rural {
+        &rural[rng.usize(..rural.len())]
+    } else {
+        let target = rng.u64(..total);
+        let i = cumulative.partition_point(|&c| c <= target);
+        &cities[i.min(cities.len() - 1)]
+    };
+    // Jitter within a few kilometres: vehicles are not all at the city centre.
+    let lat = (place.lat + (rng.f64() - 0.5) * 0.05).clamp(-90.0, 90.0);
+    let lon = (place.lon + (rng.f64() - 0.5) * 0.05).clamp(-180.0, 180.0);
+    let sheddable = policy
+        .stream(stream)
+        .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
+    let stale = sheddable && rng.f64() < STALE_SHARE;
+    let now = UnixMillis::now().0;
+    let at = if stale { now - 120_000 } else { now - 500 };
+    let time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default();
+    let body = if stream == "tile.render" {
+        format!(
+            r#"{{"tile":{{"lat":{lat:.5},"lon":{lon:.5},"z":14}},"requested_at":"{time}","layer":"roads"}}"#
+        )
+    } else {
+        format!(
+            r#"{{"device_id":"dev-{:05}","lat":{lat:.5},"lon":{lon:.5},"occurred_at":"{time}","speed_kmh":{:.1},"heading":{}}}"#,
+            rng.u32(..100_000),
+            rng.f64() * 90.0,
+            rng.u32(..360)
+        )
+    };
+    let area = sheddable.then(|| {
+        if stale {
+            return "(stale events)".to_owned();
+        }
+        match policy.area_at(lat, lon) {
+            (Some(id), rank) => format!("{} (rank {rank})", policy.area(id).name),
+            (None, rank) if is_rural => format!("rural, unconfigured (rank {rank})"),
+            (None, rank) => format!("cities, unconfigured (rank {rank})"),
+        }
+    });
+    Event {
+        stream,
+        area,
+        body: Bytes::from(body),
+    }
+}
+
+async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Event) -> Result_ {
+    let Ok(req) = Request::post(url)
+        .header("x-stream", event.stream)
+        .header("content-type", "application/json")
+        .body(Full::new(event.body.clone()))
+    else {
+        return Result_::Other;
+    };
+    let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(10), client.request(req)).await else {
+        return Result_::Other;
+    };
+    let reason = resp
+        .headers()
+        .get(crate::rejection::X_SHED_REASON)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let status = resp.status();
+    let _ = resp.into_body().collect().await;
+    match (status.as_u16(), reason.as_deref()) {
+        (_, Some("stale")) => Result_::Stale,
+        (503, Some(_)) => Result_::Shed,
+        (200..=299, None) => Result_::Delivered,
+        _ => Result_::Other,
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn pct(n: u64, of: u64) -> String {
+    if of == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", n as f64 * 100.0 / of as f64)
+    }
+}
+
+fn print_report(report: &Report, phases: &[&str], policy: &Policy) {
+    for (i, phase) in phases.iter().enumerate() {
+        println!("\n== phase {phase} ==");
+        println!(
+            "{:<40} {:>7} {:>10} {:>8} {:>8} {:>6}",
+            "stream", "sent", "delivered", "shed", "stale", "other"
+        );
+        for ((p, stream), t) in &report.by_stream {
+            if *p != i {
+                continue;
+            }
+            let class = match policy.stream(stream) {
+                Some(id) => match policy.stream_policy(id).supersession {
+                    Supersession::Never => "never",
+                    Supersession::SelfSuperseding => "sheddable",
+                },
+                None => "unknown: never",
+            };
+            println!(
+                "{:<40} {:>7} {:>10} {:>8} {:>8} {:>6}",
+                format!("{stream} ({class})"),
+                t.sent,
+                pct(t.delivered, t.sent),
+                pct(t.shed, t.sent),
+                pct(t.stale, t.sent),
+                t.other
+            );
+        }
+        println!(
+            "{:<40} {:>7} {:>10} {:>8} {:>8} {:>6}",
+            "area (sheddable streams)", "sent", "delivered", "shed", "stale", "other"
+        );
+        for ((p, area), t) in &report.by_area {
+            if *p != i {
+                continue;
+            }
+            println!(
+                "{:<40} {:>7} {:>10} {:>8} {:>8} {:>6}",
+                area,
+                t.sent,
+                pct(t.delivered, t.sent),
+                pct(t.shed, t.sent),
+                pct(t.stale, t.sent),
+                t.other
+            );
+        }
+    }
+}

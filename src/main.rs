@@ -1,0 +1,216 @@
+//! The `shedgate` command: `serve`, `check`, `explain`, `demo`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use shedgate::admission::{self, Coordinates, EventTime, Facts, Pressure, UnixMillis};
+use shedgate::config::{Config, ServeArgs};
+use shedgate::policy;
+use shedgate::rejection::Explanation;
+
+/// HTTP admission-control reverse proxy for geospatial webhook streams.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(ServeArgs),
+    /// Validate a policy directory offline: exit 0 valid, 1 invalid.
+    Check {
+        /// The policy directory.
+        dir: PathBuf,
+    },
+    /// Print the decision for one event, and why.
+    Explain(ExplainArgs),
+    /// Run the self-contained demo: a fixed-capacity upstream, the proxy with a policy
+    /// directory, and traffic from real geography at 1x, 4x, then 1x capacity.
+    Demo(shedgate::demo::DemoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ExplainArgs {
+    /// Policy directory.
+    #[arg(long, default_value = "policies")]
+    policies: PathBuf,
+    /// Stream name.
+    #[arg(long)]
+    stream: String,
+    /// A request body to read the facts from (by the stream's pointers).
+    #[arg(long, conflicts_with_all = ["lat", "lon"])]
+    body: Option<PathBuf>,
+    /// Latitude, degrees.
+    #[arg(long, requires = "lon", allow_hyphen_values = true)]
+    lat: Option<f64>,
+    /// Longitude, degrees.
+    #[arg(long, requires = "lat", allow_hyphen_values = true)]
+    lon: Option<f64>,
+    /// Event age in seconds (overrides the body's time).
+    #[arg(long)]
+    age: Option<f64>,
+    /// Pressure, 0.0-1.0.
+    #[arg(long)]
+    pressure: f64,
+    /// The random draw in [0, 1) [default: 0.5, the median draw].
+    #[arg(long, default_value_t = 0.5)]
+    draw: f64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check { dir } => check(&dir),
+        Command::Explain(args) => explain(&args),
+        Command::Demo(args) => runtime().block_on(shedgate::demo::run(args)),
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1)
+        })
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let config = match Config::from_args(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime().block_on(shedgate::app::serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ shedgate::app::StartError::Policy(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(dir: &std::path::Path) -> ExitCode {
+    match policy::load_dir(dir) {
+        Ok(compiled) => {
+            for w in &compiled.warnings {
+                println!("{w}");
+            }
+            let p = &compiled.policy;
+            println!(
+                "{}: valid policy {}: {} streams, {} areas over {} cells, {} warning(s)",
+                dir.display(),
+                p.version(),
+                p.streams().len(),
+                p.areas().len(),
+                p.cell_count(),
+                compiled.warnings.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(args: &ExplainArgs) -> ExitCode {
+    let fail = |msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::from(2)
+    };
+    let compiled = match policy::load_dir(&args.policies) {
+        Ok(c) => c,
+        Err(e) => return fail(e.to_string()),
+    };
+    let Some(pressure) = Pressure::new(args.pressure) else {
+        return fail(format!("--pressure must be in [0, 1], got {}", args.pressure));
+    };
+    if !(0.0..1.0).contains(&args.draw) {
+        return fail(format!("--draw must be in [0, 1), got {}", args.draw));
+    }
+    let p = &compiled.policy;
+    let stream = p.stream(&args.stream);
+    let now = UnixMillis::now();
+    let mut facts = match (&args.body, args.lat, args.lon) {
+        (Some(path), _, _) => match std::fs::read(path) {
+            Ok(bytes) => stream.map_or(Facts::UNREAD, |id| p.stream_policy(id).extractor.extract(&bytes)),
+            Err(e) => return fail(format!("{}: {e}", path.display())),
+        },
+        (None, Some(lat), Some(lon)) => Facts {
+            body: admission::BodyState::Unread,
+            coordinates: Coordinates::new(lat, lon),
+            time: EventTime::Missing,
+        },
+        _ => return fail("give --body FILE or --lat and --lon".into()),
+    };
+    if let Some(age) = args.age {
+        #[allow(clippy::cast_possible_truncation)]
+        let at = UnixMillis(now.0 - (age * 1000.0).round() as i64);
+        facts.time = EventTime::At(at);
+    }
+    let decision = admission::decide(p, stream, &facts, now, pressure, args.draw);
+    let name = stream.map(|id| p.stream_policy(id).name.as_str());
+    let explanation = Explanation::new(p, name, &decision);
+    if args.json {
+        match serde_json::to_string_pretty(&explanation) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(e.to_string()),
+        }
+        return ExitCode::SUCCESS;
+    }
+    let e = &explanation;
+    println!("decision:    {}{}", e.decision, e.would_shed.map(|r| format!(" (warn mode: would shed, {r})")).unwrap_or_default());
+    println!("rule:        {}", e.reason);
+    match stream {
+        Some(id) => {
+            let s = p.stream_policy(id);
+            println!(
+                "stream:      {} ({:?}, {:?}, stale after {:?})",
+                s.name, s.supersession, s.mode, s.stale_after
+            );
+        }
+        None => println!("stream:      {:?} is not in the policy: never shed", args.stream),
+    }
+    println!("coordinates: {:?}", facts.coordinates);
+    println!("area:        {} (rank {})", e.area, e.rank);
+    if let Some(age) = e.age_seconds {
+        println!("age:         {age:.1} s");
+    }
+    println!(
+        "pressure:    {} (rank threshold {:.1}, band {}, ramp {})",
+        e.pressure,
+        admission::Curve::threshold(pressure),
+        p.curve().band(),
+        p.curve().ramp()
+    );
+    println!("probability: {:.3} (draw {})", e.probability, args.draw);
+    println!("policy:      {}", e.policy_version);
+    ExitCode::SUCCESS
+}

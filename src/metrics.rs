@@ -1,0 +1,408 @@
+//! Metrics as a declared API: every name is a constant here with its description, handles are
+//! registered once (off the hot path), and labels carry only names from the policy, never a
+//! value a client sent (PRODUCT.md "Observability", "Areas").
+//!
+//! Each proxy owns its own Prometheus recorder (no global recorder), so several proxies in
+//! one process — the tests, the demo — keep separate counts.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+use crate::admission::{ShedReason, Verdict};
+use crate::policy::{AreaId, Policy, StreamId};
+
+/// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
+pub const REQUESTS: &str = "shedgate_requests_total";
+/// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `disabled`).
+pub const SHED: &str = "shedgate_shed_total";
+/// Warn-mode would-sheds (admitted), by `stream`, `area` and `reason`. Counted at the observed
+/// pressure, which is higher than enforcement would leave it.
+pub const WOULD_SHED: &str = "shedgate_would_shed_total";
+/// Sheddable requests whose facts could not be read, by `stream` and `fact` (`body`: not
+/// JSON; `coordinates`: missing or invalid, default rank used; `time`: missing or invalid,
+/// not stale).
+pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
+/// Current pressure, 0.0–1.0 (pinned value when pinned).
+pub const PRESSURE: &str = "shedgate_pressure";
+/// 1 while an operator pins pressure, else 0.
+pub const PRESSURE_PINNED: &str = "shedgate_pressure_pinned";
+/// Requests admitted to the upstream and not yet finished (response body ended).
+pub const INFLIGHT: &str = "shedgate_inflight_requests";
+/// The rank cut-off: ranks above it are being pressure-shed (partly, within the band); 100
+/// when nothing is.
+pub const RANK_CUTOFF: &str = "shedgate_rank_cutoff";
+/// Seconds spent with pressure above 0.5 (shedding). Alert on its rate, i.e. on duration.
+pub const SHEDDING_SECONDS: &str = "shedgate_shedding_seconds_total";
+/// Upstream latency to response headers, seconds, for requests the upstream answered.
+pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
+/// Errors answered by the proxy itself, by `kind` (`bad_gateway`, `gateway_timeout`,
+/// `payload_too_large`, `body_timeout`, `bad_request`).
+pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
+/// 1 for the live policy's `version` (content hash), 0 for earlier ones.
+pub const POLICY_INFO: &str = "shedgate_policy_info";
+/// Policy loads by `outcome` (`success`, `failure`).
+pub const POLICY_RELOADS: &str = "shedgate_policy_reloads_total";
+/// 1 when the last policy load succeeded, 0 when it failed (the previous policy stays live).
+pub const POLICY_RELOAD_SUCCESS: &str = "shedgate_policy_reload_success";
+
+/// Area label for places no configured area covers.
+pub const UNCONFIGURED_AREA: &str = "unconfigured";
+/// Stream label for streams the policy does not name.
+pub const UNKNOWN_STREAM: &str = "unknown";
+
+/// Every metric: name, kind, unit and description (the README's table is this list).
+pub const CATALOG: &[(&str, &str, &str)] = &[
+    (REQUESTS, "counter", "Requests by stream and outcome (forwarded, shed, rejected, upstream_error)."),
+    (SHED, "counter", "Requests shed, by stream, area and reason (pressure, stale, disabled)."),
+    (WOULD_SHED, "counter", "Warn-mode would-sheds (forwarded), by stream, area and reason; measured at the observed pressure."),
+    (UNREADABLE, "counter", "Sheddable requests with unreadable facts, by stream and fact (body, coordinates, time)."),
+    (PRESSURE, "gauge", "Current pressure, 0.0-1.0; 0.5 = upstream fully used at its latency target."),
+    (PRESSURE_PINNED, "gauge", "1 while an operator pins pressure."),
+    (INFLIGHT, "gauge", "Requests admitted to the upstream whose response body has not ended."),
+    (RANK_CUTOFF, "gauge", "Ranks above this are being pressure-shed; 100 when nothing is."),
+    (SHEDDING_SECONDS, "counter", "Seconds spent with pressure above 0.5."),
+    (UPSTREAM_LATENCY, "histogram", "Upstream latency to response headers, seconds."),
+    (PROXY_ERRORS, "counter", "Errors answered by the proxy, by kind."),
+    (POLICY_INFO, "gauge", "1 for the live policy version (content hash)."),
+    (POLICY_RELOADS, "counter", "Policy loads by outcome (success, failure)."),
+    (POLICY_RELOAD_SUCCESS, "gauge", "1 when the last policy load succeeded."),
+];
+
+/// Buckets of [`UPSTREAM_LATENCY`], seconds.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Request outcome label values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Forwarded and answered by the upstream.
+    Forwarded,
+    /// Shed (any reason, stale included).
+    Shed,
+    /// Refused by the proxy for the request's own fault (413, 408, 400).
+    Rejected,
+    /// The upstream failed (502, 504).
+    UpstreamError,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 4] = [
+        Outcome::Forwarded,
+        Outcome::Shed,
+        Outcome::Rejected,
+        Outcome::UpstreamError,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Shed => "shed",
+            Outcome::Rejected => "rejected",
+            Outcome::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// Which fact was unreadable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fact {
+    /// The body was not JSON.
+    Body,
+    /// No readable coordinates.
+    Coordinates,
+    /// No readable time.
+    Time,
+}
+
+impl Fact {
+    fn as_str(self) -> &'static str {
+        match self {
+            Fact::Body => "body",
+            Fact::Coordinates => "coordinates",
+            Fact::Time => "time",
+        }
+    }
+}
+
+/// Kinds of errors the proxy answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 502.
+    BadGateway,
+    /// 504.
+    GatewayTimeout,
+    /// 413.
+    PayloadTooLarge,
+    /// 408.
+    BodyTimeout,
+    /// 400.
+    BadRequest,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 5] = [
+        ErrorKind::BadGateway,
+        ErrorKind::GatewayTimeout,
+        ErrorKind::PayloadTooLarge,
+        ErrorKind::BodyTimeout,
+        ErrorKind::BadRequest,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadGateway => "bad_gateway",
+            ErrorKind::GatewayTimeout => "gateway_timeout",
+            ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::BodyTimeout => "body_timeout",
+            ErrorKind::BadRequest => "bad_request",
+        }
+    }
+}
+
+/// One proxy's recorder and its process-wide handles.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// [`PRESSURE`].
+    pub pressure: Gauge,
+    /// [`PRESSURE_PINNED`].
+    pub pressure_pinned: Gauge,
+    /// [`INFLIGHT`].
+    pub inflight: Gauge,
+    /// [`RANK_CUTOFF`].
+    pub rank_cutoff: Gauge,
+    /// [`SHEDDING_SECONDS`].
+    pub shedding_seconds: Counter,
+    /// [`UPSTREAM_LATENCY`].
+    pub upstream_latency: Histogram,
+    proxy_errors: [Counter; 5],
+    reload_success: Counter,
+    reload_failure: Counter,
+    reload_ok: Gauge,
+    policy_info: std::sync::Mutex<Option<Gauge>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn metadata() -> Metadata<'static> {
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()))
+}
+
+impl Metrics {
+    /// A fresh recorder with every metric described and the process-wide handles registered.
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(UPSTREAM_LATENCY.into()), LATENCY_BUCKETS)
+            .map(PrometheusBuilder::build_recorder)
+            .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+        for (name, kind, help) in CATALOG {
+            let unit = name.ends_with("_seconds").then_some(Unit::Seconds);
+            let (name, help) = (metrics::KeyName::from(*name), SharedString::from(*help));
+            match *kind {
+                "counter" => recorder.describe_counter(name, unit, help),
+                "gauge" => recorder.describe_gauge(name, unit, help),
+                _ => recorder.describe_histogram(name, unit, help),
+            }
+        }
+        let handle = recorder.handle();
+        let counter = |name: &'static str, labels: Vec<Label>| {
+            recorder.register_counter(&Key::from_parts(name, labels), &metadata())
+        };
+        let gauge =
+            |name: &'static str| recorder.register_gauge(&Key::from_name(name), &metadata());
+        let proxy_errors =
+            ErrorKind::ALL.map(|k| counter(PROXY_ERRORS, vec![Label::new("kind", k.as_str())]));
+        let m = Metrics {
+            pressure: gauge(PRESSURE),
+            pressure_pinned: gauge(PRESSURE_PINNED),
+            inflight: gauge(INFLIGHT),
+            rank_cutoff: gauge(RANK_CUTOFF),
+            shedding_seconds: counter(SHEDDING_SECONDS, vec![]),
+            upstream_latency: recorder
+                .register_histogram(&Key::from_name(UPSTREAM_LATENCY), &metadata()),
+            proxy_errors,
+            reload_success: counter(POLICY_RELOADS, vec![Label::new("outcome", "success")]),
+            reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
+            reload_ok: gauge(POLICY_RELOAD_SUCCESS),
+            policy_info: std::sync::Mutex::new(None),
+            recorder,
+            handle,
+        };
+        m.rank_cutoff.set(100.0);
+        m
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Drains histogram samples into their buckets; call periodically (the exporter starts no
+    /// upkeep task of its own: metrics-rs issue 467).
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// Counts an error answered by the proxy.
+    pub fn proxy_error(&self, kind: ErrorKind) {
+        self.proxy_errors[kind as usize].increment(1);
+    }
+
+    /// Records a successful policy load of `version`.
+    pub fn policy_loaded(&self, version: &str) {
+        self.reload_success.increment(1);
+        self.reload_ok.set(1.0);
+        let gauge = self.recorder.register_gauge(
+            &Key::from_parts(POLICY_INFO, vec![Label::new("version", version.to_owned())]),
+            &metadata(),
+        );
+        let mut info = self.policy_info.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = info.take() {
+            old.set(0.0);
+        }
+        gauge.set(1.0);
+        *info = Some(gauge);
+    }
+
+    /// Records a failed policy load.
+    pub fn policy_reload_failed(&self) {
+        self.reload_failure.increment(1);
+        self.reload_ok.set(0.0);
+    }
+
+    /// Records an upstream latency sample.
+    pub fn observe_latency(&self, latency: Duration) {
+        self.upstream_latency.record(latency.as_secs_f64());
+    }
+
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        self.recorder
+            .register_counter(&Key::from_parts(name, labels), &metadata())
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Per-policy counters, labelled with the policy's stream and area names and registered the
+/// first time each label set is used (a policy of many areas would otherwise export
+/// thousands of zero series).
+pub struct PolicyMetrics {
+    metrics: Arc<Metrics>,
+    stream_names: Vec<String>,
+    area_names: Vec<String>,
+    /// `[slot][outcome]`.
+    requests: Vec<[OnceLock<Counter>; 4]>,
+    /// `[slot][area][reason]`, flattened; `would` doubles it for warn mode.
+    sheds: Vec<OnceLock<Counter>>,
+    /// `[slot][fact]`.
+    unreadable: Vec<[OnceLock<Counter>; 3]>,
+}
+
+impl std::fmt::Debug for PolicyMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyMetrics").finish_non_exhaustive()
+    }
+}
+
+impl PolicyMetrics {
+    /// Tables for `policy`'s streams (plus `unknown`) and areas (plus `unconfigured`).
+    pub fn new(metrics: &Arc<Metrics>, policy: &Policy) -> Self {
+        let mut stream_names: Vec<String> = policy.streams().iter().map(|s| s.name.clone()).collect();
+        stream_names.push(UNKNOWN_STREAM.to_owned());
+        let mut area_names: Vec<String> = policy.areas().iter().map(|a| a.name.clone()).collect();
+        area_names.push(UNCONFIGURED_AREA.to_owned());
+        let slots = stream_names.len();
+        let sheds = (0..slots * area_names.len() * ShedReason::ALL.len() * 2)
+            .map(|_| OnceLock::new())
+            .collect();
+        PolicyMetrics {
+            metrics: Arc::clone(metrics),
+            requests: (0..slots).map(|_| Default::default()).collect(),
+            unreadable: (0..slots).map(|_| Default::default()).collect(),
+            sheds,
+            stream_names,
+            area_names,
+        }
+    }
+
+    /// The process-wide metrics.
+    pub fn global(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn slot(&self, stream: Option<StreamId>) -> usize {
+        stream.map_or(self.stream_names.len() - 1, StreamId::index)
+    }
+
+    /// Counts a request outcome.
+    pub fn request(&self, stream: Option<StreamId>, outcome: Outcome) {
+        let slot = self.slot(stream);
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        self.requests[slot][i]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    REQUESTS,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("outcome", outcome.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts a shed or a would-shed, labelled with the stream, the area and the reason.
+    pub fn shed(&self, stream: Option<StreamId>, area: Option<AreaId>, verdict: Verdict) {
+        let (reason, would) = match verdict {
+            Verdict::Admit => return,
+            Verdict::Shed(r) => (r, false),
+            Verdict::WouldShed(r) => (r, true),
+        };
+        let slot = self.slot(stream);
+        let area = area.map_or(self.area_names.len() - 1, AreaId::index);
+        let i = ((usize::from(would) * self.stream_names.len() + slot) * self.area_names.len()
+            + area)
+            * ShedReason::ALL.len()
+            + reason.index();
+        self.sheds[i]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    if would { WOULD_SHED } else { SHED },
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("area", self.area_names[area].clone()),
+                        Label::new("reason", reason.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts an unreadable fact.
+    pub fn unreadable(&self, stream: Option<StreamId>, fact: Fact) {
+        let slot = self.slot(stream);
+        self.unreadable[slot][fact as usize]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    UNREADABLE,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("fact", fact.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+}

@@ -1,0 +1,384 @@
+//! The admission middleware: a tower layer that decides in `call` (never in `poll_ready`:
+//! readiness-based shedding misfires under axum and on idle keep-alive connections), forwards
+//! what it admits, and keeps in-flight accounting until the response body ends.
+//!
+//! It only gathers inputs — the stream, a policy snapshot, the body's facts, the pressure,
+//! the clock, a random draw — and calls [`decide`]; the rule itself lives in
+//! [`crate::admission`].
+
+mod body;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, HeaderName};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use tower::{Layer, Service, ServiceExt};
+
+pub use body::{GuardedBody, TimedBody};
+
+use crate::BoxError;
+use crate::admission::{BodyState, Coordinates, EventTime, ShedReason, UnixMillis, Verdict, decide};
+use crate::metrics::{Fact, Outcome};
+use crate::policy::store::Snapshot;
+use crate::policy::{PolicyStore, StreamId, Supersession};
+use crate::pressure::PressureGauge;
+use crate::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::upstream::{ForwardBody, UpstreamOutcome};
+
+/// Request-path settings of the middleware.
+#[derive(Debug, Clone)]
+pub struct AdmissionSettings {
+    /// Header carrying the stream name (default `X-Stream`).
+    pub stream_header: HeaderName,
+    /// Body size limit, bytes.
+    pub max_body: u64,
+    /// Time allowed to receive the whole request body.
+    pub body_read_timeout: Duration,
+    /// Upper bound of `Retry-After`, seconds (at least 1).
+    pub retry_after_max: u32,
+}
+
+/// Inputs the decision takes from outside, injectable for tests.
+#[derive(Debug, Clone, Copy)]
+pub struct Sources {
+    /// The wall clock, for staleness.
+    pub clock: fn() -> UnixMillis,
+    /// Uniform random draws in `[0, 1)`.
+    pub draw: fn() -> f64,
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources {
+            clock: UnixMillis::now,
+            draw: fastrand::f64,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Arc<PolicyStore>,
+    pressure: Arc<PressureGauge>,
+    settings: AdmissionSettings,
+    sources: Sources,
+}
+
+/// Wraps a proxy service with admission control.
+#[derive(Debug, Clone)]
+pub struct AdmissionLayer {
+    shared: Arc<Shared>,
+}
+
+impl AdmissionLayer {
+    /// A layer deciding with the live policy in `store` and the pressure in `pressure`.
+    pub fn new(
+        store: Arc<PolicyStore>,
+        pressure: Arc<PressureGauge>,
+        settings: AdmissionSettings,
+        sources: Sources,
+    ) -> Self {
+        AdmissionLayer {
+            shared: Arc::new(Shared {
+                store,
+                pressure,
+                settings,
+                sources,
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for AdmissionLayer {
+    type Service = Admission<S>;
+
+    fn layer(&self, inner: S) -> Admission<S> {
+        Admission {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The admission service.
+#[derive(Debug, Clone)]
+pub struct Admission<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+// === impl Admission ===
+
+impl<S, B> Service<Request<B>> for Admission<S>
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Always ready: admission is decided per request in `call`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> ResponseFuture {
+        let shared = Arc::clone(&self.shared);
+        let inner = self.inner.clone();
+        let snapshot = shared.store.load();
+        let stream = req
+            .headers()
+            .get(&shared.settings.stream_header)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|name| snapshot.policy.stream(name.trim()));
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > shared.settings.max_body) {
+            // Refused before reading a byte.
+            let rejection = Rejection::PayloadTooLarge {
+                limit: shared.settings.max_body,
+            };
+            return ResponseFuture::ready(reject(&snapshot, stream, rejection));
+        }
+        let sheddable = stream.is_some_and(|id| {
+            snapshot.policy.stream_policy(id).supersession == Supersession::SelfSuperseding
+        });
+        if sheddable {
+            ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, stream, req))
+        } else {
+            // `never` and unknown streams: the body is not parsed or buffered; it streams
+            // through, still bounded in size and time.
+            let (parts, body) = req.into_parts();
+            let body = TimedBody::new(
+                Limited::new(body, usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX))
+                    .boxed_unsync(),
+                shared.settings.body_read_timeout,
+            )
+            .boxed_unsync();
+            let req = Request::from_parts(parts, body);
+            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req))
+        }
+    }
+}
+
+/// Reads a sheddable stream's body, decides, and forwards or answers.
+async fn admit_sheddable<S, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    snapshot: Arc<Snapshot>,
+    stream: Option<StreamId>,
+    req: Request<B>,
+) -> Response<Body>
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let settings = &shared.settings;
+    let (parts, body) = req.into_parts();
+    let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
+    let read = tokio::time::timeout(settings.body_read_timeout, Limited::new(body, limit).collect());
+    let bytes = match read.await {
+        Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            let rejection = Rejection::PayloadTooLarge {
+                limit: settings.max_body,
+            };
+            return reject(&snapshot, stream, rejection);
+        }
+        Ok(Err(e)) => {
+            let rejection = Rejection::BadRequest(format!("request body: {e}"));
+            return reject(&snapshot, stream, rejection);
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+
+    let policy = &snapshot.policy;
+    let facts = stream.map_or(crate::admission::Facts::UNREAD, |id| {
+        policy.stream_policy(id).extractor.extract(&bytes)
+    });
+    let m = &snapshot.metrics;
+    if facts.body == BodyState::NotJson {
+        m.unreadable(stream, Fact::Body);
+    }
+    if !matches!(facts.coordinates, Coordinates::Valid { .. }) {
+        m.unreadable(stream, Fact::Coordinates);
+    }
+    if !matches!(facts.time, EventTime::At(_)) {
+        m.unreadable(stream, Fact::Time);
+    }
+    let pressure = shared.pressure.pressure();
+    let now = (shared.sources.clock)();
+    let decision = decide(policy, stream, &facts, now, pressure, (shared.sources.draw)());
+    m.shed(stream, decision.area, decision.verdict);
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    tracing::debug!(
+        stream = name.unwrap_or(crate::metrics::UNKNOWN_STREAM),
+        verdict = ?decision.verdict,
+        rule = decision.rule.as_str(),
+        rank = decision.rank.get(),
+        probability = decision.probability,
+        pressure = pressure.get(),
+        policy_version = policy.version(),
+        "admission decision"
+    );
+    match decision.verdict {
+        Verdict::Shed(reason) => {
+            let explanation = Explanation::new(policy, name, &decision);
+            let rejection = if reason == ShedReason::Stale {
+                Rejection::Stale {
+                    explanation,
+                    status: policy.stale_status(),
+                }
+            } else {
+                let secs = retry_after(pressure, (shared.sources.draw)(), settings.retry_after_max);
+                Rejection::Shed {
+                    explanation,
+                    retry_after: secs,
+                }
+            };
+            m.request(stream, Outcome::Shed);
+            rejection.into_response()
+        }
+        Verdict::Admit | Verdict::WouldShed(_) => {
+            let body = Full::new(bytes).map_err(|never| match never {}).boxed_unsync();
+            forward(shared.clone(), inner, Arc::clone(&snapshot), stream, Request::from_parts(parts, body))
+                .await
+        }
+    }
+}
+
+/// Forwards an admitted request, counting it in flight until its response body ends.
+async fn forward<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    snapshot: Arc<Snapshot>,
+    stream: Option<StreamId>,
+    req: Request<ForwardBody>,
+) -> Response<Body>
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    let guard = shared.pressure.start();
+    // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
+    // generic future directly trips rustc's higher-ranked `Send` inference.
+    let call: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>> =
+        Box::pin(inner.oneshot(req));
+    let response = match call.await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let m = &snapshot.metrics;
+    match response.extensions().get::<UpstreamOutcome>() {
+        Some(UpstreamOutcome::Answered { latency }) => {
+            shared.pressure.record_latency(*latency);
+            m.global().observe_latency(*latency);
+            m.request(stream, Outcome::Forwarded);
+        }
+        Some(UpstreamOutcome::TimedOut { after }) => {
+            // A timeout is overload: it counts as a sample at least as slow as the timeout.
+            shared.pressure.record_latency(*after);
+            m.global().proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
+            m.request(stream, Outcome::UpstreamError);
+        }
+        Some(UpstreamOutcome::Failed) | None => {
+            let status = response.status();
+            let outcome = if status.is_client_error() {
+                Outcome::Rejected
+            } else {
+                Outcome::UpstreamError
+            };
+            if let Some(kind) = error_kind(status) {
+                m.global().proxy_error(kind);
+            }
+            m.request(stream, outcome);
+        }
+    }
+    response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
+}
+
+fn error_kind(status: http::StatusCode) -> Option<crate::metrics::ErrorKind> {
+    use crate::metrics::ErrorKind;
+    match status.as_u16() {
+        400 => Some(ErrorKind::BadRequest),
+        408 => Some(ErrorKind::BodyTimeout),
+        413 => Some(ErrorKind::PayloadTooLarge),
+        502 => Some(ErrorKind::BadGateway),
+        504 => Some(ErrorKind::GatewayTimeout),
+        _ => None,
+    }
+}
+
+/// Answers a request the proxy refuses before forwarding, counting it.
+fn reject(snapshot: &Snapshot, stream: Option<StreamId>, rejection: Rejection) -> Response<Body> {
+    if let Some(kind) = rejection.error_kind() {
+        snapshot.metrics.global().proxy_error(kind);
+    }
+    snapshot.metrics.request(stream, Outcome::Rejected);
+    rejection.into_response()
+}
+
+// === impl ResponseFuture ===
+
+/// The response future of [`Admission`]: ready for answers known in `call`, boxed for the
+/// rest (they await the body and the upstream).
+pub struct ResponseFuture {
+    kind: Kind,
+}
+
+enum Kind {
+    Ready(Option<Response<Body>>),
+    Boxed(Pin<Box<dyn Future<Output = Response<Body>> + Send>>),
+}
+
+impl ResponseFuture {
+    fn ready(response: Response<Body>) -> Self {
+        ResponseFuture {
+            kind: Kind::Ready(Some(response)),
+        }
+    }
+
+    fn boxed(f: impl Future<Output = Response<Body>> + Send + 'static) -> Self {
+        ResponseFuture {
+            kind: Kind::Boxed(Box::pin(f)),
+        }
+    }
+}
+
+impl std::fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().kind {
+            Kind::Ready(r) => match r.take() {
+                Some(r) => Poll::Ready(Ok(r)),
+                None => Poll::Pending,
+            },
+            Kind::Boxed(f) => f.as_mut().poll(cx).map(Ok),
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The policy files' schema: serde only, `deny_unknown_fields`, with single-value checks done
+//! by the value types themselves so that a bad value is reported at its own line.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use h3o::{CellIndex, Resolution};
+use serde::Deserialize;
+
+use super::{Class, Mode, Supersession};
+use crate::admission::{JsonPointer, Rank};
+
+/// `streams.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamsFile {
+    /// Policy-wide defaults.
+    #[serde(default)]
+    pub defaults: DefaultsSection,
+    /// Stream name → its policy. Names are matched exactly against the request's stream.
+    #[serde(default)]
+    pub streams: BTreeMap<String, StreamSection>,
+}
+
+/// `[defaults]` in `streams.toml`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsSection {
+    /// Curve band in ranks, `[0, 50]`; default 10.
+    pub band: Option<f64>,
+    /// Curve ramp in pressure units, `[0, 0.5]`; default 0.05.
+    pub ramp: Option<f64>,
+    /// Default `stale_after` for streams that set none; default 30 s.
+    pub stale_after: Option<DurationValue>,
+    /// Global mode: `warn` makes every stream warn-only; default `enforce`.
+    pub mode: Option<Mode>,
+    /// Status answered to stale sheds; default 202.
+    pub stale_status: Option<StaleStatus>,
+}
+
+/// `[streams."NAME"]` in `streams.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSection {
+    /// Required: whether a later event supersedes this one.
+    pub supersession: Supersession,
+    /// Priority class; default `important` (budgets come with classes).
+    pub class: Option<Class>,
+    /// Age past which an event is stale; default from `[defaults]`.
+    pub stale_after: Option<DurationValue>,
+    /// `enforce` (default) or `warn`.
+    pub mode: Option<Mode>,
+    /// `false` sheds every event of a sheddable stream (reason `disabled`); default `true`.
+    pub enabled: Option<bool>,
+    /// JSON pointer to the latitude; default `/lat`.
+    pub lat: Option<JsonPointer>,
+    /// JSON pointer to the longitude; default `/lon`.
+    pub lon: Option<JsonPointer>,
+    /// JSON pointer to the event time; default `/occurred_at`.
+    pub time: Option<JsonPointer>,
+}
+
+/// `areas.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AreasFile {
+    /// Rank of places no area covers; default 50.
+    pub default_rank: Option<Rank>,
+    /// The configured areas.
+    #[serde(default)]
+    pub areas: Vec<AreaSection>,
+}
+
+/// `[[areas]]` in `areas.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AreaSection {
+    /// Name, used as the metric label; unique, `[A-Za-z0-9_.-]`, at most 64 characters.
+    pub name: String,
+    /// Rank, `1..=100`, lower is more important.
+    pub rank: Rank,
+    /// H3 cells at resolution 0..=4 (a coarser cell stands for all its resolution-4 children).
+    #[serde(default)]
+    pub cells: Vec<CellSpec>,
+}
+
+/// A duration written the humane way (`"30s"`, `"1m 30s"`, `"250ms"`); must be positive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct DurationValue(pub Duration);
+
+impl TryFrom<String> for DurationValue {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        match humantime::parse_duration(&text) {
+            Ok(d) if !d.is_zero() => Ok(DurationValue(d)),
+            Ok(_) => Err(format!("duration must be positive, got {text:?}")),
+            Err(e) => Err(format!("invalid duration {text:?} ({e}); write e.g. \"30s\" or \"250ms\"")),
+        }
+    }
+}
+
+/// A status for stale sheds: 2xx or a non-retryable 4xx. Never 410 (webhook senders disable
+/// an endpoint on it), never 408/425/429 (senders retry those, and retrying a stale event is
+/// what this status exists to prevent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u16")]
+pub struct StaleStatus(pub http::StatusCode);
+
+impl TryFrom<u16> for StaleStatus {
+    type Error = String;
+
+    fn try_from(code: u16) -> Result<Self, String> {
+        let ok = (200..300).contains(&code)
+            || ((400..500).contains(&code) && ![408, 410, 425, 429].contains(&code));
+        match http::StatusCode::from_u16(code) {
+            Ok(s) if ok => Ok(StaleStatus(s)),
+            _ => Err(format!(
+                "stale_status must be 2xx or a non-retryable 4xx other than 410, got {code}"
+            )),
+        }
+    }
+}
+
+/// An H3 cell given as a hex string, at resolution 0..=4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct CellSpec(pub CellIndex);
+
+impl TryFrom<String> for CellSpec {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let cell: CellIndex = text
+            .trim()
+            .parse()
+            .map_err(|e| format!("invalid H3 cell {text:?}: {e}"))?;
+        if cell.resolution() > Resolution::Four {
+            return Err(format!(
+                "H3 cell {text:?} is at resolution {}, finer than the area key's resolution 4; \
+                 use its resolution-4 parent {}",
+                u8::from(cell.resolution()),
+                cell.parent(Resolution::Four)
+                    .map(|p| p.to_string())
+                    .unwrap_or_default()
+            ));
+        }
+        Ok(CellSpec(cell))
+    }
+}
+
+impl TryFrom<String> for JsonPointer {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        JsonPointer::parse(&text).map_err(|e| e.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonPointer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        JsonPointer::try_from(text).map_err(serde::de::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for Rank {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)?;
+        u8::try_from(n)
+            .ok()
+            .and_then(Rank::new)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "rank must be an integer in 1..=100 (1 is the most important), got {n}"
+                ))
+            })
+    }
+}

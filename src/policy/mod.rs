@@ -1,0 +1,675 @@
+//! The policy: stream classes and extraction, areas and ranks, the curve. Parsed from the
+//! files in a policy directory, validated and compiled into an immutable [`Policy`]
+//! (PRODUCT.md "Policy files and hot reload", "Areas").
+
+pub mod file;
+pub mod store;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use h3o::{CellIndex, LatLng, Resolution};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use store::PolicyStore;
+
+use crate::admission::{Curve, Extractor, Rank};
+use file::{AreasFile, StreamsFile};
+
+/// The stream file's name inside a policy directory. Required.
+pub const STREAMS_FILE: &str = "streams.toml";
+/// The area file's name inside a policy directory. Optional: without it every place has the
+/// default rank.
+pub const AREAS_FILE: &str = "areas.toml";
+/// Default `stale_after`: 30 s (the geographic seed's `STALE_AFTER_SECONDS`).
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
+/// The H3 resolution of the area key (PRODUCT.md "Areas": about a metropolitan area).
+pub const AREA_RESOLUTION: Resolution = Resolution::Four;
+
+/// Whether a later event supersedes this one (PRODUCT.md "Supersession first").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Supersession {
+    /// A later event replaces this one: sheddable.
+    SelfSuperseding,
+    /// Nothing resends it: never shed, at any pressure.
+    Never,
+}
+
+/// Priority class (PRODUCT.md "Priority classes and budgets").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    /// Must get through.
+    Critical,
+    /// The default for a classified stream.
+    Important,
+    /// First to go.
+    BestEffort,
+}
+
+/// Enforce decisions, or only count them (PRODUCT.md "Decision rule", step 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Shed what the rule says.
+    Enforce,
+    /// Count would-sheds, admit everything.
+    Warn,
+}
+
+/// Index of a stream in a [`Policy`]. Valid only for the policy that issued it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamId(u32);
+
+impl StreamId {
+    /// The index, for per-stream tables built beside a policy.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Index of an area in a [`Policy`]. Valid only for the policy that issued it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AreaId(u32);
+
+impl AreaId {
+    /// The index, for per-area tables built beside a policy.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// One stream's compiled policy.
+#[derive(Debug, Clone)]
+pub struct StreamPolicy {
+    /// The stream name, as matched against requests.
+    pub name: String,
+    /// Sheddable or not.
+    pub supersession: Supersession,
+    /// Priority class.
+    pub class: Class,
+    /// Events older than this are stale.
+    pub stale_after: Duration,
+    /// Enforce or warn.
+    pub mode: Mode,
+    /// `false`: every event of this (sheddable) stream is shed, reason `disabled`.
+    pub enabled: bool,
+    /// Where its events keep their facts.
+    pub extractor: Extractor,
+}
+
+/// One configured area.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Area {
+    /// Name (metric label).
+    pub name: String,
+    /// Rank.
+    pub rank: Rank,
+    /// Number of resolution-4 cells it covers (after expanding coarser cells).
+    pub cells: usize,
+}
+
+/// A compiled, validated, immutable policy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    version: String,
+    streams: Vec<StreamPolicy>,
+    stream_index: HashMap<String, StreamId>,
+    areas: Vec<Area>,
+    cells: HashMap<u64, AreaId>,
+    default_rank: Rank,
+    curve: Curve,
+    mode: Mode,
+    stale_status: http::StatusCode,
+}
+
+impl Policy {
+    /// Content hash of the policy files: the first 12 hex digits of SHA-256 over each file's
+    /// name and bytes. Equal files give equal versions.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Looks a stream up by its exact name.
+    pub fn stream(&self, name: &str) -> Option<StreamId> {
+        self.stream_index.get(name).copied()
+    }
+
+    /// The policy of a stream id this policy issued.
+    pub fn stream_policy(&self, id: StreamId) -> &StreamPolicy {
+        &self.streams[id.index()]
+    }
+
+    /// All streams, in id order.
+    pub fn streams(&self) -> &[StreamPolicy] {
+        &self.streams
+    }
+
+    /// All areas, in id order.
+    pub fn areas(&self) -> &[Area] {
+        &self.areas
+    }
+
+    /// The area of an id this policy issued.
+    pub fn area(&self, id: AreaId) -> &Area {
+        &self.areas[id.index()]
+    }
+
+    /// Rank of places no area covers.
+    pub fn default_rank(&self) -> Rank {
+        self.default_rank
+    }
+
+    /// The shed curve.
+    pub fn curve(&self) -> Curve {
+        self.curve
+    }
+
+    /// The global mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The status answered to stale sheds.
+    pub fn stale_status(&self) -> http::StatusCode {
+        self.stale_status
+    }
+
+    /// Number of resolution-4 cells with a configured area.
+    pub fn cell_count(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// The area and rank at validated coordinates (degrees; the caller checked the ranges,
+    /// see [`crate::admission::Coordinates::new`]). Unconfigured places get
+    /// `(None, default_rank)`.
+    pub fn area_at(&self, lat: f64, lon: f64) -> (Option<AreaId>, Rank) {
+        let Ok(ll) = LatLng::new(lat, lon) else {
+            return (None, self.default_rank);
+        };
+        self.area_of_cell(ll.to_cell(AREA_RESOLUTION))
+    }
+
+    /// The area and rank of a resolution-4 cell.
+    pub fn area_of_cell(&self, cell: CellIndex) -> (Option<AreaId>, Rank) {
+        match self.cells.get(&u64::from(cell)) {
+            Some(&id) => (Some(id), self.areas[id.index()].rank),
+            None => (None, self.default_rank),
+        }
+    }
+}
+
+/// Where a policy error is: file, line and column (1-based), and the field's path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The file.
+    pub file: PathBuf,
+    /// Line and column, when the error points into the file.
+    pub line_col: Option<(usize, usize)>,
+    /// Dotted path of the field (`streams."vehicle.position".stale_after`), when known.
+    pub field: Option<String>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some((line, col)) = self.line_col {
+            write!(f, ":{line}:{col}")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, ": field `{field}`")?;
+        }
+        Ok(())
+    }
+}
+
+/// A policy that cannot be loaded: where, and what is wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{location}: {message}")]
+pub struct PolicyError {
+    /// Where.
+    pub location: Location,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Risky but valid content that `check` reports (PRODUCT.md "Policy files and hot reload").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    /// The file the warning is about.
+    pub file: PathBuf,
+    /// What is risky.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: warning: {}", self.file.display(), self.message)
+    }
+}
+
+/// A compiled policy and the warnings its compilation produced.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The policy.
+    pub policy: Policy,
+    /// Risky content, in file order.
+    pub warnings: Vec<Warning>,
+}
+
+/// Reads and compiles the policy in `dir`.
+///
+/// # Errors
+/// [`PolicyError`] naming the file (and line and field where it can) for an unreadable or
+/// missing `streams.toml`, a TOML syntax error, an unknown field, a value out of range, or a
+/// cross-field problem (duplicate area names, overlapping pointers, an area without cells, a
+/// disabled `never` stream).
+pub fn load_dir(dir: &Path) -> Result<Compiled, PolicyError> {
+    let streams_path = dir.join(STREAMS_FILE);
+    let areas_path = dir.join(AREAS_FILE);
+    let streams_text = read_file(&streams_path)?;
+    let areas_text = match std::fs::read_to_string(&areas_path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error(&areas_path, &e)),
+    };
+    compile(
+        (&streams_path, &streams_text),
+        areas_text.as_deref().map(|t| (areas_path.as_path(), t)),
+    )
+}
+
+fn read_file(path: &Path) -> Result<String, PolicyError> {
+    std::fs::read_to_string(path).map_err(|e| io_error(path, &e))
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> PolicyError {
+    PolicyError {
+        location: Location {
+            file: path.to_owned(),
+            line_col: None,
+            field: None,
+        },
+        message: format!("cannot read: {e}"),
+    }
+}
+
+/// Compiles policy file contents. `areas` is `None` when there is no area file.
+///
+/// # Errors
+/// As [`load_dir`].
+pub fn compile(
+    streams: (&Path, &str),
+    areas_file: Option<(&Path, &str)>,
+) -> Result<Compiled, PolicyError> {
+    let (streams_path, streams_text) = streams;
+    let mut warnings = Vec::new();
+    let sf: StreamsFile = parse_toml(streams_path, streams_text)?;
+    let af: AreasFile = match areas_file {
+        Some((path, text)) => parse_toml(path, text)?,
+        None => {
+            warnings.push(Warning {
+                file: streams_path.with_file_name(AREAS_FILE),
+                message: "no areas file: every place has the default rank, so pressure sheds \
+                          all areas alike"
+                    .into(),
+            });
+            AreasFile {
+                default_rank: None,
+                areas: Vec::new(),
+            }
+        }
+    };
+    let areas_path = areas_file.map_or_else(|| streams_path.with_file_name(AREAS_FILE), |a| a.0.to_owned());
+
+    let at = |path: &Path, field: String, message: String| PolicyError {
+        location: Location {
+            file: path.to_owned(),
+            line_col: None,
+            field: Some(field),
+        },
+        message,
+    };
+
+    let d = &sf.defaults;
+    let curve = Curve::new(
+        d.band.unwrap_or(Curve::DEFAULT_BAND),
+        d.ramp.unwrap_or(Curve::DEFAULT_RAMP),
+    )
+    .map_err(|e| {
+        let field = match e {
+            crate::admission::curve::CurveError::Band(_) => "defaults.band",
+            crate::admission::curve::CurveError::Ramp(_) => "defaults.ramp",
+        };
+        let mut err = at(streams_path, field.into(), e.to_string());
+        err.location.line_col = find_key_line(streams_text, field.rsplit('.').next().unwrap_or(field));
+        err
+    })?;
+    let default_stale = d.stale_after.map_or(DEFAULT_STALE_AFTER, |v| v.0);
+    let mode = d.mode.unwrap_or(Mode::Enforce);
+    if mode == Mode::Warn {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: "defaults.mode = \"warn\": nothing is shed, only counted as would-shed".into(),
+        });
+    }
+
+    let mut streams = Vec::with_capacity(sf.streams.len());
+    let mut stream_index = HashMap::with_capacity(sf.streams.len());
+    for (name, s) in sf.streams {
+        let field = |f: &str| format!("streams.{name:?}.{f}");
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(at(
+                streams_path,
+                format!("streams.{name:?}"),
+                "a stream name must be non-empty printable ASCII without spaces (it is matched \
+                 against a header value)"
+                    .into(),
+            ));
+        }
+        let enabled = s.enabled.unwrap_or(true);
+        let stream_mode = s.mode.unwrap_or(Mode::Enforce);
+        if s.supersession == Supersession::Never {
+            if !enabled {
+                return Err(at(
+                    streams_path,
+                    field("enabled"),
+                    "a `never` stream cannot be disabled: nothing resends its events".into(),
+                ));
+            }
+            if stream_mode == Mode::Warn {
+                warnings.push(Warning {
+                    file: streams_path.to_owned(),
+                    message: format!(
+                        "stream {name:?} is `never` and `mode = \"warn\"`: warn mode has no \
+                         effect on a stream that is never shed"
+                    ),
+                });
+            }
+        }
+        let (dlat, dlon, dtime) = Extractor::default_pointers();
+        let extractor = Extractor::new(
+            s.lat.unwrap_or(dlat),
+            s.lon.unwrap_or(dlon),
+            s.time.unwrap_or(dtime),
+        )
+        .map_err(|e| at(streams_path, field("lat"), e.to_string()))?;
+        let id = StreamId(u32::try_from(streams.len()).unwrap_or(u32::MAX));
+        stream_index.insert(name.clone(), id);
+        streams.push(StreamPolicy {
+            name,
+            supersession: s.supersession,
+            class: s.class.unwrap_or(Class::Important),
+            stale_after: s.stale_after.map_or(default_stale, |v| v.0),
+            mode: stream_mode,
+            enabled,
+            extractor,
+        });
+    }
+    if streams.is_empty() {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: "no streams: every stream is unknown, so nothing is ever shed".into(),
+        });
+    } else if streams.iter().all(|s| s.supersession == Supersession::Never) {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: "no self-superseding stream: nothing is ever shed".into(),
+        });
+    }
+
+    let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
+    let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
+    let mut cells: HashMap<u64, AreaId> = HashMap::new();
+    for (i, a) in af.areas.into_iter().enumerate() {
+        let field = |f: &str| format!("areas[{i}].{f}");
+        let name_ok = !a.name.is_empty()
+            && a.name.len() <= 64
+            && a.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !name_ok {
+            return Err(at(
+                &areas_path,
+                field("name"),
+                format!(
+                    "area name {:?} must be 1..=64 characters of [A-Za-z0-9_.-] (it becomes a \
+                     metric label)",
+                    a.name
+                ),
+            ));
+        }
+        if a.name == crate::metrics::UNCONFIGURED_AREA {
+            return Err(at(
+                &areas_path,
+                field("name"),
+                format!("area name {:?} is reserved for places no area covers", a.name),
+            ));
+        }
+        if areas.iter().any(|b| b.name == a.name) {
+            return Err(at(
+                &areas_path,
+                field("name"),
+                format!("duplicate area name {:?}", a.name),
+            ));
+        }
+        if a.cells.is_empty() {
+            return Err(at(
+                &areas_path,
+                field("cells"),
+                format!("area {:?} has no cells: it would cover nothing", a.name),
+            ));
+        }
+        let id = AreaId(u32::try_from(i).unwrap_or(u32::MAX));
+        let mut count = 0usize;
+        let mut overlaps: HashMap<AreaId, usize> = HashMap::new();
+        for spec in &a.cells {
+            for cell in spec.0.children(AREA_RESOLUTION) {
+                count += 1;
+                let key = u64::from(cell);
+                match cells.get(&key).copied() {
+                    None => {
+                        cells.insert(key, id);
+                    }
+                    Some(other) if other == id => {}
+                    Some(other) => {
+                        *overlaps.entry(other).or_default() += 1;
+                        // The most important (lowest) rank wins.
+                        if a.rank < areas[other.index()].rank {
+                            cells.insert(key, id);
+                        }
+                    }
+                }
+            }
+        }
+        let mut overlaps: Vec<_> = overlaps.into_iter().collect();
+        overlaps.sort_by_key(|(other, _)| other.0);
+        for (other, n) in overlaps {
+            let o = &areas[other.index()];
+            let (winner, rank) = if a.rank < o.rank { (&a.name, a.rank) } else { (&o.name, o.rank) };
+            warnings.push(Warning {
+                file: areas_path.clone(),
+                message: format!(
+                    "areas {:?} and {:?} overlap in {n} cell(s); {winner:?} (rank {rank}) wins \
+                     there",
+                    o.name, a.name
+                ),
+            });
+        }
+        if a.rank.get() == 100 && count > 343 {
+            warnings.push(Warning {
+                file: areas_path.clone(),
+                message: format!(
+                    "area {:?} has rank 100 over {count} cells: it is the first shed anywhere \
+                     pressure rises above 0.5",
+                    a.name
+                ),
+            });
+        }
+        areas.push(Area {
+            name: a.name,
+            rank: a.rank,
+            cells: count,
+        });
+    }
+
+    let mut hasher = Sha256::new();
+    hasher.update(STREAMS_FILE);
+    hasher.update(streams_text);
+    if let Some((_, text)) = areas_file {
+        hasher.update(AREAS_FILE);
+        hasher.update(text);
+    }
+    let digest = hasher.finalize();
+    let version: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+
+    Ok(Compiled {
+        policy: Policy {
+            version,
+            streams,
+            stream_index,
+            areas,
+            cells,
+            default_rank,
+            curve,
+            mode,
+            stale_status: sf
+                .defaults
+                .stale_status
+                .map_or(http::StatusCode::ACCEPTED, |s| s.0),
+        },
+        warnings,
+    })
+}
+
+/// Parses one TOML file into its schema, reporting file, line, column and field path.
+fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, PolicyError> {
+    let location = |span: Option<std::ops::Range<usize>>, field: Option<String>| Location {
+        file: path.to_owned(),
+        line_col: span.map(|s| line_col(text, s.start)),
+        field,
+    };
+    if text.trim().is_empty() {
+        return Err(PolicyError {
+            location: location(None, None),
+            message: "the file is empty (a truncated save is never a valid policy)".into(),
+        });
+    }
+    let de = toml::de::Deserializer::parse(text).map_err(|e| PolicyError {
+        location: location(e.span(), None),
+        message: e.message().trim().to_owned(),
+    })?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let field = (field != "." && !field.is_empty()).then_some(field);
+        let inner = e.into_inner();
+        PolicyError {
+            location: location(inner.span(), field),
+            message: inner.message().trim().to_owned(),
+        }
+    })
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before.len(), |i| before.len() - i - 1) + 1;
+    (line, col)
+}
+
+/// The line of the first `key = …` assignment, for cross-field errors found after parsing.
+fn find_key_line(text: &str, key: &str) -> Option<(usize, usize)> {
+    text.lines().enumerate().find_map(|(i, l)| {
+        let t = l.trim_start();
+        let rest = t.strip_prefix(key)?;
+        rest.trim_start()
+            .starts_with('=')
+            .then_some((i + 1, l.len() - t.len() + 1))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile_str(streams: &str, areas: &str) -> Result<Compiled, PolicyError> {
+        let areas = (!areas.is_empty()).then_some((Path::new("p/areas.toml"), areas));
+        compile((Path::new("p/streams.toml"), streams), areas)
+    }
+
+    const STREAMS: &str = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+"#;
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let e = compile_str(STREAMS, "[[areas]]\nname = \"x\"\nrank = 0\ncells = []\n").unwrap_err();
+        assert_eq!(e.location.file, Path::new("p/areas.toml"));
+        assert_eq!(e.location.line_col.map(|l| l.0), Some(3));
+        assert_eq!(e.location.field.as_deref(), Some("areas[0].rank"));
+        assert!(e.message.contains("1..=100"), "{e}");
+
+        let e = compile_str("[streams.a]\nsupersession = \"sometimes\"\n", "").unwrap_err();
+        assert_eq!(e.location.line_col.map(|l| l.0), Some(2));
+        assert!(e.to_string().contains("supersession"), "{e}");
+
+        let e = compile_str("[streams.a]\nsupersession = \"never\"\ncolour = 1\n", "").unwrap_err();
+        assert!(e.message.contains("unknown field"), "{e}");
+        assert_eq!(e.location.line_col.map(|l| l.0), Some(3));
+
+        let e = compile_str("[streams.a\n", "").unwrap_err();
+        assert_eq!(e.location.line_col.map(|l| l.0), Some(1));
+    }
+
+    #[test]
+    fn finer_cells_are_refused_and_coarser_cells_expand() {
+        // Resolution 5 (finer): refused.
+        let fine = "851f1d4bfffffff";
+        let e = compile_str(STREAMS, &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{fine}\"]\n"))
+            .unwrap_err();
+        assert!(e.message.contains("resolution 5"), "{e}");
+        // Resolution 3: seven resolution-4 children.
+        let coarse = LatLng::new(52.52, 13.405).unwrap().to_cell(Resolution::Three);
+        let c = compile_str(STREAMS, &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{coarse}\"]\n"))
+            .unwrap();
+        assert_eq!(c.policy.cell_count(), 7);
+        assert_eq!(c.policy.area_at(52.52, 13.405).1.get(), 5);
+    }
+
+    #[test]
+    fn overlaps_take_the_lowest_rank_and_warn() {
+        let berlin = LatLng::new(52.52, 13.405).unwrap().to_cell(Resolution::Four);
+        let areas = format!(
+            "[[areas]]\nname=\"a\"\nrank=30\ncells=[\"{berlin}\"]\n[[areas]]\nname=\"b\"\nrank=5\ncells=[\"{berlin}\"]\n"
+        );
+        let c = compile_str(STREAMS, &areas).unwrap();
+        assert_eq!(c.policy.area_at(52.52, 13.405).1.get(), 5);
+        assert!(c.warnings.iter().any(|w| w.message.contains("overlap")));
+    }
+
+    #[test]
+    fn never_stream_cannot_be_disabled() {
+        let e = compile_str("[streams.a]\nsupersession = \"never\"\nenabled = false\n", "")
+            .unwrap_err();
+        assert!(e.message.contains("cannot be disabled"), "{e}");
+    }
+
+    #[test]
+    fn version_is_a_content_hash() {
+        let a = compile_str(STREAMS, "").unwrap().policy;
+        let b = compile_str(STREAMS, "").unwrap().policy;
+        let c = compile_str(STREAMS, "default_rank = 40\n").unwrap().policy;
+        assert_eq!(a.version(), b.version());
+        assert_ne!(a.version(), c.version());
+    }
+
+    #[test]
+    fn empty_file_is_an_error() {
+        let e = compile_str("", "").unwrap_err();
+        assert!(e.message.contains("empty"));
+    }
+}

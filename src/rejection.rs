@@ -1,0 +1,300 @@
+//! The one place where a reason to answer a request here becomes a status, headers and a
+//! body (PRODUCT.md "Responses"; problem details per RFC 9457).
+//!
+//! The proxy never answers 410: webhook senders disable an endpoint that answers it.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde::Serialize;
+
+use crate::admission::{Decision, Pressure, ShedReason};
+use crate::metrics::ErrorKind;
+use crate::policy::Policy;
+
+/// The response body type of the whole stack.
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, crate::BoxError>;
+
+/// Header naming why a request was shed: `pressure`, `stale` or `disabled`.
+pub const X_SHED_REASON: &str = "x-shed-reason";
+
+/// `application/problem+json` (RFC 9457 section 3).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// A body from bytes.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// Why the proxy answers a request itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rejection {
+    /// Shed by pressure or because the stream is disabled: 503 + `Retry-After`.
+    Shed {
+        /// The decision's explanation.
+        explanation: Explanation,
+        /// Delay-seconds for `Retry-After`, at least 1.
+        retry_after: u32,
+    },
+    /// A stale event: answered with the policy's non-retryable status (default 202).
+    Stale {
+        /// The decision's explanation.
+        explanation: Explanation,
+        /// The status to answer.
+        status: StatusCode,
+    },
+    /// Declared or streamed body over the limit: 413.
+    PayloadTooLarge {
+        /// The limit, bytes.
+        limit: u64,
+    },
+    /// The body was not received within the body read timeout: 408.
+    BodyTimeout,
+    /// A malformed request or body stream: 400.
+    BadRequest(String),
+    /// The upstream could not be reached or failed mid-response: 502.
+    BadGateway(String),
+    /// The upstream did not answer in time: 504.
+    GatewayTimeout,
+}
+
+/// A decision made readable: the rule, the stream, the area and rank, pressure and
+/// probability, and the policy version. Shed responses carry it; `explain` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// `admit` or `shed` (warn-mode would-sheds are `admit` with `would_shed` set).
+    pub decision: &'static str,
+    /// The rule that fired: `never-shed`, `unknown-stream`, `disabled`, `stale`,
+    /// `pressure`, `kept`.
+    pub reason: &'static str,
+    /// Warn mode: the reason the request would have been shed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_shed: Option<&'static str>,
+    /// The stream as the policy names it, or `unknown`.
+    pub stream: String,
+    /// The area name, or `unconfigured`.
+    pub area: String,
+    /// The rank used, 1..=100.
+    pub rank: u8,
+    /// Pressure-shed probability, 0.0–1.0.
+    pub probability: f64,
+    /// Pressure the decision saw, 0.0–1.0.
+    pub pressure: f64,
+    /// Event age in seconds, when its time was readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub age_seconds: Option<f64>,
+    /// The policy version (content hash).
+    pub policy_version: String,
+}
+
+impl Explanation {
+    /// Explains `decision`, taken under `policy` for the stream named `stream` (`None`:
+    /// unknown).
+    pub fn new(policy: &Policy, stream: Option<&str>, decision: &Decision) -> Self {
+        use crate::admission::Verdict;
+        let (verdict, would) = match decision.verdict {
+            Verdict::Admit => ("admit", None),
+            Verdict::Shed(_) => ("shed", None),
+            Verdict::WouldShed(r) => ("admit", Some(r.as_str())),
+        };
+        #[allow(clippy::cast_precision_loss)]
+        Explanation {
+            decision: verdict,
+            reason: decision.rule.as_str(),
+            would_shed: would,
+            stream: stream.unwrap_or(crate::metrics::UNKNOWN_STREAM).to_owned(),
+            area: decision.area.map_or_else(
+                || crate::metrics::UNCONFIGURED_AREA.to_owned(),
+                |a| policy.area(a).name.clone(),
+            ),
+            rank: decision.rank.get(),
+            probability: decision.probability,
+            pressure: decision.pressure.get(),
+            age_seconds: decision.age_ms.map(|ms| ms as f64 / 1000.0),
+            policy_version: policy.version().to_owned(),
+        }
+    }
+}
+
+/// `Retry-After` delay-seconds for a shed at `pressure`: a centre that grows from 1 s at
+/// `p = 0.5` to 5 s at `p = 1`, jittered by `draw` (uniform in `[0, 1)`) over
+/// `[centre / 2, centre * 3 / 2)` so a crowd of shed senders does not come back in the same
+/// second, rounded up, clamped to `[1, max]` (RFC 9110 section 10.2.3: a non-negative
+/// integer of seconds).
+pub fn retry_after(pressure: Pressure, draw: f64, max: u32) -> u32 {
+    let centre = 1.0 + 8.0 * (pressure.get() - 0.5).max(0.0);
+    let jittered = centre * (0.5 + draw.clamp(0.0, 1.0));
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let secs = jittered.ceil().clamp(1.0, f64::from(max.max(1))) as u32;
+    secs
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u32>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    explanation: Option<&'a Explanation>,
+}
+
+impl Rejection {
+    /// The status this rejection answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::Stale { status, .. } => *status,
+            Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Rejection::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The error kind to count, for errors (not sheds).
+    pub fn error_kind(&self) -> Option<ErrorKind> {
+        match self {
+            Rejection::Shed { .. } | Rejection::Stale { .. } => None,
+            Rejection::PayloadTooLarge { .. } => Some(ErrorKind::PayloadTooLarge),
+            Rejection::BodyTimeout => Some(ErrorKind::BodyTimeout),
+            Rejection::BadRequest(_) => Some(ErrorKind::BadRequest),
+            Rejection::BadGateway(_) => Some(ErrorKind::BadGateway),
+            Rejection::GatewayTimeout => Some(ErrorKind::GatewayTimeout),
+        }
+    }
+
+    /// The response: status, headers and problem+json body.
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        let (kind, title, detail, retry, explanation, reason) = match &self {
+            Rejection::Shed {
+                explanation,
+                retry_after,
+            } => (
+                "urn:shedgate:problem:shed",
+                "Shed under load",
+                format!(
+                    "stream {:?} shed ({}) in area {:?} (rank {}); retry after {} s",
+                    explanation.stream,
+                    explanation.reason,
+                    explanation.area,
+                    explanation.rank,
+                    retry_after
+                ),
+                Some(*retry_after),
+                Some(explanation),
+                Some(explanation.reason),
+            ),
+            Rejection::Stale { explanation, .. } => (
+                "urn:shedgate:problem:stale",
+                "Stale event discarded",
+                format!(
+                    "stream {:?} event is older than its stale_after: a newer one superseded \
+                     it; do not retry",
+                    explanation.stream
+                ),
+                None,
+                Some(explanation),
+                Some(ShedReason::Stale.as_str()),
+            ),
+            Rejection::PayloadTooLarge { limit } => (
+                "urn:shedgate:problem:payload-too-large",
+                "Payload too large",
+                format!("the request body exceeds the limit of {limit} bytes"),
+                None,
+                None,
+                None,
+            ),
+            Rejection::BodyTimeout => (
+                "urn:shedgate:problem:body-timeout",
+                "Request body timeout",
+                "the request body was not received within the body read timeout".to_owned(),
+                None,
+                None,
+                None,
+            ),
+            Rejection::BadRequest(why) => (
+                "urn:shedgate:problem:bad-request",
+                "Bad request",
+                why.clone(),
+                None,
+                None,
+                None,
+            ),
+            Rejection::BadGateway(why) => (
+                "urn:shedgate:problem:bad-gateway",
+                "Upstream unavailable",
+                why.clone(),
+                None,
+                None,
+                None,
+            ),
+            Rejection::GatewayTimeout => (
+                "urn:shedgate:problem:gateway-timeout",
+                "Upstream timeout",
+                "the upstream did not answer within the upstream timeout".to_owned(),
+                None,
+                None,
+                None,
+            ),
+        };
+        let problem = Problem {
+            kind,
+            title,
+            status: status.as_u16(),
+            detail,
+            retry_after: retry,
+            explanation,
+        };
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = Response::new(full(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = retry {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(reason) = reason {
+            headers.insert(X_SHED_REASON, HeaderValue::from_static(reason));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_an_integer_in_range_and_spread() {
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..1000 {
+            let draw = f64::from(i) / 1000.0;
+            let s = retry_after(Pressure::new(0.9).unwrap(), draw, 30);
+            assert!((1..=30).contains(&s));
+            seen.insert(s);
+        }
+        assert!(seen.len() >= 3, "{seen:?}");
+        assert_eq!(retry_after(Pressure::FULL, 0.999, 2), 2);
+        assert_eq!(retry_after(Pressure::ZERO, 0.0, 30), 1);
+    }
+
+    #[test]
+    fn never_410() {
+        for r in [
+            Rejection::BodyTimeout,
+            Rejection::GatewayTimeout,
+            Rejection::BadGateway(String::new()),
+            Rejection::PayloadTooLarge { limit: 1 },
+            Rejection::BadRequest(String::new()),
+        ] {
+            assert_ne!(r.status(), StatusCode::GONE);
+        }
+    }
+}

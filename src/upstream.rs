@@ -1,0 +1,287 @@
+//! The proxy to the upstream: a pooled hyper-util client, header hygiene (RFC 9110 section
+//! 7.6.1), forwarding headers, the upstream timeout, and the mapping of client failures to
+//! rejections (PRODUCT.md "Proxying").
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+use crate::BoxError;
+use crate::rejection::{Body, Rejection};
+
+/// The request body type the proxy forwards: buffered bytes or a streamed, limited body.
+pub type ForwardBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// The client's address, inserted into request extensions by the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// The TCP peer.
+    pub peer: SocketAddr,
+}
+
+/// What happened upstream, attached to every response the proxy returns as an extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamOutcome {
+    /// The upstream answered; latency to its response headers.
+    Answered {
+        /// Time from sending to response headers.
+        latency: Duration,
+    },
+    /// The upstream did not answer within the timeout: an overload signal.
+    TimedOut {
+        /// The timeout that elapsed.
+        after: Duration,
+    },
+    /// The proxy answered itself (502, 408, 413, 400): not an upstream latency.
+    Failed,
+}
+
+/// The request body was not received within the body read timeout.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("request body not received within {0:?}")]
+pub struct BodyReadTimeout(pub Duration);
+
+/// Where requests go and how long they may take.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    client: Client<HttpConnector, ForwardBody>,
+    scheme: Scheme,
+    authority: http::uri::Authority,
+    path_prefix: String,
+    timeout: Duration,
+    body_limit: u64,
+}
+
+/// Idle pooled connections are closed after this, below common upstream keep-alive timeouts
+/// (nginx 75 s, Node.js 5 s is the outlier), so the pool rarely races an upstream closing an
+/// idle connection (hyper issue 2136).
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+impl Proxy {
+    /// A proxy to `upstream` (an `http://` URL; a path is a prefix for every request path).
+    /// `timeout` bounds the wait for response headers. `body_limit` is only reported in 413s.
+    pub fn new(upstream: &Uri, timeout: Duration, connect_timeout: Duration, body_limit: u64) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
+        let prefix = upstream.path().trim_end_matches('/').to_owned();
+        Proxy {
+            client,
+            scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
+            authority: upstream
+                .authority()
+                .cloned()
+                .unwrap_or_else(|| http::uri::Authority::from_static("127.0.0.1")),
+            path_prefix: prefix,
+            timeout,
+            body_limit,
+        }
+    }
+
+    fn upstream_uri(&self, original: &Uri) -> Result<Uri, http::Error> {
+        let pq = original.path_and_query().map_or("/", PathAndQuery::as_str);
+        let path = if self.path_prefix.is_empty() {
+            PathAndQuery::try_from(pq)?
+        } else {
+            PathAndQuery::try_from(format!("{}{pq}", self.path_prefix))?
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+    }
+}
+
+impl tower::Service<Request<ForwardBody>> for Proxy {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ForwardBody>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+impl Proxy {
+    async fn forward(self, req: Request<ForwardBody>) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let uri = match self.upstream_uri(&parts.uri) {
+            Ok(uri) => uri,
+            Err(e) => return failed(Rejection::BadRequest(format!("bad request target: {e}"))),
+        };
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+        let client = parts.extensions.get::<ClientInfo>().copied();
+        strip_hop_by_hop(&mut parts.headers);
+        // The proxy answered `Expect: 100-continue` itself by reading the body; the upstream
+        // gets the whole body at once.
+        parts.headers.remove(header::EXPECT);
+        // The body is re-framed by the client (exact size → Content-Length, else chunked).
+        parts.headers.remove(header::CONTENT_LENGTH);
+        if let Some(info) = client {
+            add_forwarding_headers(&mut parts.headers, info.peer.ip());
+        }
+        let request = Request::from_parts(parts, body);
+        let started = Instant::now();
+        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+            Err(_) => {
+                let mut r = Rejection::GatewayTimeout.into_response();
+                r.extensions_mut().insert(UpstreamOutcome::TimedOut {
+                    after: self.timeout,
+                });
+                r
+            }
+            Ok(Err(e)) => failed(self.classify(&e)),
+            Ok(Ok(response)) => {
+                let latency = started.elapsed();
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                let mut r = Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
+                r.extensions_mut()
+                    .insert(UpstreamOutcome::Answered { latency });
+                r
+            }
+        }
+    }
+
+    /// Client errors caused by the request body (ours, raised while streaming it) are the
+    /// client's fault; everything else is the upstream's.
+    fn classify(&self, e: &hyper_util::client::legacy::Error) -> Rejection {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(err) = source {
+            if err.is::<BodyReadTimeout>() {
+                return Rejection::BodyTimeout;
+            }
+            if err.is::<http_body_util::LengthLimitError>() {
+                return Rejection::PayloadTooLarge {
+                    limit: self.body_limit,
+                };
+            }
+            source = err.source();
+        }
+        let mut detail = format!("upstream {}: {e}", self.authority);
+        let mut source = std::error::Error::source(e);
+        while let Some(err) = source {
+            detail.push_str(&format!(": {err}"));
+            source = err.source();
+        }
+        Rejection::BadGateway(detail)
+    }
+}
+
+fn failed(rejection: Rejection) -> Response<Body> {
+    let mut r = rejection.into_response();
+    r.extensions_mut().insert(UpstreamOutcome::Failed);
+    r
+}
+
+/// Hop-by-hop headers that never cross a proxy (RFC 9110 section 7.6.1, plus the legacy
+/// `Keep-Alive` and `Proxy-Connection`, and `TE`/`Trailer`/`Transfer-Encoding`/`Upgrade`).
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers: the standard set and every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let nominated: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in nominated {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+/// Appends the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), and `http` to
+/// `X-Forwarded-Proto`, joining earlier values into one line.
+pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr) {
+    let append = |headers: &mut HeaderMap, name: HeaderName, value: String| {
+        let joined: Vec<&str> = headers
+            .get_all(&name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let line = if joined.is_empty() {
+            value
+        } else {
+            format!("{}, {value}", joined.join(", "))
+        };
+        if let Ok(v) = HeaderValue::try_from(line) {
+            headers.insert(name, v);
+        }
+    };
+    append(headers, HeaderName::from_static("x-forwarded-for"), client.to_string());
+    append(headers, HeaderName::from_static("x-forwarded-proto"), "http".to_owned());
+    let node = match client {
+        IpAddr::V4(ip) => ip.to_string(),
+        IpAddr::V6(ip) => format!("\"[{ip}]\""),
+    };
+    append(headers, header::FORWARDED, format!("for={node};proto=http"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_standard_and_nominated_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, X-Debug-Trace"));
+        h.insert("x-debug-trace", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("x-stream", HeaderValue::from_static("a"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-stream"));
+    }
+
+    #[test]
+    fn forwarding_headers_append() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+        add_forwarding_headers(&mut h, "127.0.0.1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
+        add_forwarding_headers(&mut h, "::1".parse().unwrap());
+        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http, for=\"[::1]\";proto=http");
+    }
+}
