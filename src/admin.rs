@@ -36,13 +36,19 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/policy", get(policy))
-        .route("/pressure", get(get_pressure).put(pin_pressure).delete(unpin_pressure))
+        .route(
+            "/pressure",
+            get(get_pressure).put(pin_pressure).delete(unpin_pressure),
+        )
         .with_state(state)
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         s.metrics.render(),
     )
         .into_response()
@@ -133,7 +139,11 @@ async fn pin_pressure(State(s): State<AdminState>, body: axum::body::Bytes) -> R
             tracing::warn!(pressure = p.get(), "pressure pinned by operator");
             Json(s.pressure.view()).into_response()
         }
-        Err(detail) => problem(StatusCode::UNPROCESSABLE_ENTITY, "Invalid pressure pin", &detail),
+        Err(detail) => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid pressure pin",
+            &detail,
+        ),
     }
 }
 
@@ -151,5 +161,10 @@ fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
         "status": status.as_u16(),
         "detail": detail,
     });
-    (status, [(header::CONTENT_TYPE, PROBLEM_JSON)], body.to_string()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, PROBLEM_JSON)],
+        body.to_string(),
+    )
+        .into_response()
 }

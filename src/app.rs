@@ -19,6 +19,7 @@ use tower::{Service, ServiceBuilder};
 use crate::admin::{self, AdminState};
 use crate::admission::Curve;
 use crate::config::Config;
+use crate::framing::{AmbiguousFraming, FramingGuard};
 use crate::metrics::Metrics;
 use crate::middleware::{AdmissionLayer, AdmissionSettings, Sources};
 use crate::policy::{PolicyError, PolicyStore, Warning};
@@ -117,7 +118,10 @@ impl Running {
 ///
 /// # Errors
 /// [`StartError`] for an invalid policy or a listener that cannot bind.
-pub async fn start(config: Config, sources: Sources) -> Result<(Running, Vec<Warning>), StartError> {
+pub async fn start(
+    config: Config,
+    sources: Sources,
+) -> Result<(Running, Vec<Warning>), StartError> {
     let metrics = Arc::new(Metrics::new());
     let (store, warnings) = PolicyStore::open(&config.policies, Arc::clone(&metrics))?;
     let parts = Parts {
@@ -261,11 +265,17 @@ async fn serve_proxy<S>(
         };
         let _ = stream.set_nodelay(true);
         let info = ClientInfo { peer };
+        // The framing guard reads each request head on the raw bytes, before hyper
+        // normalises what a smuggling attempt would show (see `framing`).
+        let (io, verdicts) = FramingGuard::new(TokioIo::new(stream));
         let svc = tower::util::MapRequest::new(stack.clone(), move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
+            if let Some(why) = verdicts.next() {
+                req.extensions_mut().insert(AmbiguousFraming(why));
+            }
             req
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
+        let conn = builder.serve_connection(io, TowerToHyperService::new(svc));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -279,7 +289,10 @@ async fn serve_proxy<S>(
         .await
         .is_err()
     {
-        tracing::warn!(?drain_timeout, "drain timeout elapsed with requests still in flight");
+        tracing::warn!(
+            ?drain_timeout,
+            "drain timeout elapsed with requests still in flight"
+        );
     }
 }
 

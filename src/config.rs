@@ -143,14 +143,21 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-fn duration(key: &'static str, value: Option<String>, default: Duration) -> Result<Duration, ConfigError> {
+fn duration(
+    key: &'static str,
+    value: Option<String>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
     let Some(text) = value else {
         return Ok(default);
     };
     match humantime::parse_duration(&text) {
         Ok(d) if !d.is_zero() => Ok(d),
         Ok(_) => Err(invalid(key, "must be positive")),
-        Err(e) => Err(invalid(key, format!("invalid duration {text:?}: {e} (write e.g. 50ms, 10s)"))),
+        Err(e) => Err(invalid(
+            key,
+            format!("invalid duration {text:?}: {e} (write e.g. 50ms, 10s)"),
+        )),
     }
 }
 
@@ -181,7 +188,10 @@ impl Config {
             ));
         }
         let upstream_text = args.upstream.or(file.upstream).ok_or_else(|| {
-            invalid("upstream", "required: the URL of the ingestion endpoint, e.g. http://127.0.0.1:3000")
+            invalid(
+                "upstream",
+                "required: the URL of the ingestion endpoint, e.g. http://127.0.0.1:3000",
+            )
         })?;
         let upstream: Uri = upstream_text
             .parse()
@@ -191,13 +201,23 @@ impl Config {
             Some(other) => {
                 return Err(invalid(
                     "upstream",
-                    format!("scheme {other:?} is not supported; use http:// (terminate TLS in front)"),
+                    format!(
+                        "scheme {other:?} is not supported; use http:// (terminate TLS in front)"
+                    ),
                 ));
             }
-            None => return Err(invalid("upstream", format!("{upstream_text:?} needs http://"))),
+            None => {
+                return Err(invalid(
+                    "upstream",
+                    format!("{upstream_text:?} needs http://"),
+                ));
+            }
         }
         let Some(authority) = upstream.authority() else {
-            return Err(invalid("upstream", format!("{upstream_text:?} has no host")));
+            return Err(invalid(
+                "upstream",
+                format!("{upstream_text:?} has no host"),
+            ));
         };
         if upstream.query().is_some() {
             return Err(invalid("upstream", "must not have a query string"));
@@ -215,8 +235,12 @@ impl Config {
             .stream_header
             .or(file.stream_header)
             .unwrap_or_else(|| "X-Stream".to_owned());
-        let stream_header = HeaderName::try_from(stream_header_text.as_str())
-            .map_err(|_| invalid("stream-header", format!("{stream_header_text:?} is not a header name")))?;
+        let stream_header = HeaderName::try_from(stream_header_text.as_str()).map_err(|_| {
+            invalid(
+                "stream-header",
+                format!("{stream_header_text:?} is not a header name"),
+            )
+        })?;
         let max_body = args.max_body.or(file.max_body).unwrap_or(1024 * 1024);
         if max_body == 0 {
             return Err(invalid("max-body", "must be positive"));

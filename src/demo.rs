@@ -80,7 +80,10 @@ pub fn parse_places(csv: &str) -> Vec<Place> {
             let lat = cols.next()?.trim().parse().ok()?;
             let rest = cols.next()?;
             let name = rest.split_once(',').map_or(rest, |(_, n)| n);
-            let name = name.rsplit_once(',').map_or(name, |(n, _)| n).trim_matches('"');
+            let name = name
+                .rsplit_once(',')
+                .map_or(name, |(n, _)| n)
+                .trim_matches('"');
             Some(Place {
                 name: name.to_owned(),
                 lat,
@@ -161,7 +164,7 @@ const STREAMS: &[(&str, f64)] = &[
     ("dlq.replay", 0.02),
     ("partner.unclassified", 0.01),
 ];
-/// Share of sheddable events sent already stale (two minutes old).
+/// Share of sheddable events sent already stale (ten minutes old).
 const STALE_SHARE: f64 = 0.04;
 /// Share of events from rural places (the rest: cities, weighted by population).
 const RURAL_SHARE: f64 = 0.25;
@@ -289,7 +292,10 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
                         .or_default()
                         .add(outcome);
                     if let Some(area) = event.area {
-                        r.by_area.entry((phase_index, area)).or_default().add(outcome);
+                        r.by_area
+                            .entry((phase_index, area))
+                            .or_default()
+                            .add(outcome);
                     }
                 });
             }
@@ -359,10 +365,13 @@ fn make_event(
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
     let stale = sheddable && rng.f64() < STALE_SHARE;
     let now = UnixMillis::now().0;
-    let at = if stale { now - 120_000 } else { now - 500 };
+    let at = if stale { now - 600_000 } else { now - 500 };
     let time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at) * 1_000_000)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default();
     let body = if stream == "tile.render" {
         format!(
@@ -401,7 +410,8 @@ async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Ev
     else {
         return Result_::Other;
     };
-    let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(10), client.request(req)).await else {
+    let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(10), client.request(req)).await
+    else {
         return Result_::Other;
     };
     let reason = resp

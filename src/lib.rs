@@ -30,6 +30,7 @@
 //! - [`metrics`]: metric names as constants with descriptions, and pre-registered handles.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/pressure`).
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
+//! - [`framing`]: the request-smuggling guard on each connection's raw bytes.
 //! - [`demo`]: the self-contained demo (fixed-capacity upstream, proxy, real geography).
 
 pub mod admin;
@@ -37,6 +38,7 @@ pub mod admission;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod framing;
 pub mod metrics;
 pub mod middleware;
 pub mod policy;

@@ -150,7 +150,10 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         Err(e) => return fail(e.to_string()),
     };
     let Some(pressure) = Pressure::new(args.pressure) else {
-        return fail(format!("--pressure must be in [0, 1], got {}", args.pressure));
+        return fail(format!(
+            "--pressure must be in [0, 1], got {}",
+            args.pressure
+        ));
     };
     if !(0.0..1.0).contains(&args.draw) {
         return fail(format!("--draw must be in [0, 1), got {}", args.draw));
@@ -160,7 +163,9 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     let now = UnixMillis::now();
     let mut facts = match (&args.body, args.lat, args.lon) {
         (Some(path), _, _) => match std::fs::read(path) {
-            Ok(bytes) => stream.map_or(Facts::UNREAD, |id| p.stream_policy(id).extractor.extract(&bytes)),
+            Ok(bytes) => stream.map_or(Facts::UNREAD, |id| {
+                p.stream_policy(id).extractor.extract(&bytes)
+            }),
             Err(e) => return fail(format!("{}: {e}", path.display())),
         },
         (None, Some(lat), Some(lon)) => Facts {
@@ -186,7 +191,13 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let e = &explanation;
-    println!("decision:    {}{}", e.decision, e.would_shed.map(|r| format!(" (warn mode: would shed, {r})")).unwrap_or_default());
+    println!(
+        "decision:    {}{}",
+        e.decision,
+        e.would_shed
+            .map(|r| format!(" (warn mode: would shed, {r})"))
+            .unwrap_or_default()
+    );
     println!("rule:        {}", e.reason);
     match stream {
         Some(id) => {
@@ -196,7 +207,10 @@ fn explain(args: &ExplainArgs) -> ExitCode {
                 s.name, s.supersession, s.mode, s.stale_after
             );
         }
-        None => println!("stream:      {:?} is not in the policy: never shed", args.stream),
+        None => println!(
+            "stream:      {:?} is not in the policy: never shed",
+            args.stream
+        ),
     }
     println!("coordinates: {:?}", facts.coordinates);
     println!("area:        {} (rank {})", e.area, e.rank);

@@ -8,8 +8,12 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics::{
+    Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit,
+};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId};
@@ -55,20 +59,76 @@ pub const UNKNOWN_STREAM: &str = "unknown";
 
 /// Every metric: name, kind, unit and description (the README's table is this list).
 pub const CATALOG: &[(&str, &str, &str)] = &[
-    (REQUESTS, "counter", "Requests by stream and outcome (forwarded, shed, rejected, upstream_error)."),
-    (SHED, "counter", "Requests shed, by stream, area and reason (pressure, stale, disabled)."),
-    (WOULD_SHED, "counter", "Warn-mode would-sheds (forwarded), by stream, area and reason; measured at the observed pressure."),
-    (UNREADABLE, "counter", "Sheddable requests with unreadable facts, by stream and fact (body, coordinates, time)."),
-    (PRESSURE, "gauge", "Current pressure, 0.0-1.0; 0.5 = upstream fully used at its latency target."),
-    (PRESSURE_PINNED, "gauge", "1 while an operator pins pressure."),
-    (INFLIGHT, "gauge", "Requests admitted to the upstream whose response body has not ended."),
-    (RANK_CUTOFF, "gauge", "Ranks above this are being pressure-shed; 100 when nothing is."),
-    (SHEDDING_SECONDS, "counter", "Seconds spent with pressure above 0.5."),
-    (UPSTREAM_LATENCY, "histogram", "Upstream latency to response headers, seconds."),
-    (PROXY_ERRORS, "counter", "Errors answered by the proxy, by kind."),
-    (POLICY_INFO, "gauge", "1 for the live policy version (content hash)."),
-    (POLICY_RELOADS, "counter", "Policy loads by outcome (success, failure)."),
-    (POLICY_RELOAD_SUCCESS, "gauge", "1 when the last policy load succeeded."),
+    (
+        REQUESTS,
+        "counter",
+        "Requests by stream and outcome (forwarded, shed, rejected, upstream_error).",
+    ),
+    (
+        SHED,
+        "counter",
+        "Requests shed, by stream, area and reason (pressure, stale, disabled).",
+    ),
+    (
+        WOULD_SHED,
+        "counter",
+        "Warn-mode would-sheds (forwarded), by stream, area and reason; measured at the observed pressure.",
+    ),
+    (
+        UNREADABLE,
+        "counter",
+        "Sheddable requests with unreadable facts, by stream and fact (body, coordinates, time).",
+    ),
+    (
+        PRESSURE,
+        "gauge",
+        "Current pressure, 0.0-1.0; 0.5 = upstream fully used at its latency target.",
+    ),
+    (
+        PRESSURE_PINNED,
+        "gauge",
+        "1 while an operator pins pressure.",
+    ),
+    (
+        INFLIGHT,
+        "gauge",
+        "Requests admitted to the upstream whose response body has not ended.",
+    ),
+    (
+        RANK_CUTOFF,
+        "gauge",
+        "Ranks above this are being pressure-shed; 100 when nothing is.",
+    ),
+    (
+        SHEDDING_SECONDS,
+        "counter",
+        "Seconds spent with pressure above 0.5.",
+    ),
+    (
+        UPSTREAM_LATENCY,
+        "histogram",
+        "Upstream latency to response headers, seconds.",
+    ),
+    (
+        PROXY_ERRORS,
+        "counter",
+        "Errors answered by the proxy, by kind.",
+    ),
+    (
+        POLICY_INFO,
+        "gauge",
+        "1 for the live policy version (content hash).",
+    ),
+    (
+        POLICY_RELOADS,
+        "counter",
+        "Policy loads by outcome (success, failure).",
+    ),
+    (
+        POLICY_RELOAD_SUCCESS,
+        "gauge",
+        "1 when the last policy load succeeded.",
+    ),
 ];
 
 /// Buckets of [`UPSTREAM_LATENCY`], seconds.
@@ -319,7 +379,8 @@ impl std::fmt::Debug for PolicyMetrics {
 impl PolicyMetrics {
     /// Tables for `policy`'s streams (plus `unknown`) and areas (plus `unconfigured`).
     pub fn new(metrics: &Arc<Metrics>, policy: &Policy) -> Self {
-        let mut stream_names: Vec<String> = policy.streams().iter().map(|s| s.name.clone()).collect();
+        let mut stream_names: Vec<String> =
+            policy.streams().iter().map(|s| s.name.clone()).collect();
         stream_names.push(UNKNOWN_STREAM.to_owned());
         let mut area_names: Vec<String> = policy.areas().iter().map(|a| a.name.clone()).collect();
         area_names.push(UNCONFIGURED_AREA.to_owned());

@@ -282,7 +282,13 @@ mod tests {
         })
     }
 
-    fn run(c: &mut Controller, start: Instant, secs: f64, inflight: u32, per_tick: LatencyWindow) -> Instant {
+    fn run(
+        c: &mut Controller,
+        start: Instant,
+        secs: f64,
+        inflight: u32,
+        per_tick: LatencyWindow,
+    ) -> Instant {
         let mut now = start;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let ticks = (secs / TICK.as_secs_f64()) as u32;
@@ -297,7 +303,10 @@ mod tests {
     async fn half_at_full_use_and_target_latency() {
         let mut c = controller();
         // 10 in flight of 10; 50 samples/s at exactly the 50 ms target.
-        let w = LatencyWindow { count: 5, sum_us: 5 * 50_000 };
+        let w = LatencyWindow {
+            count: 5,
+            sum_us: 5 * 50_000,
+        };
         run(&mut c, Instant::now(), 5.0, 10, w);
         assert!((c.pressure() - 0.5).abs() < 0.01, "{}", c.pressure());
     }
@@ -305,7 +314,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn decays_when_samples_stop() {
         let mut c = controller();
-        let slow = LatencyWindow { count: 5, sum_us: 5 * 400_000 };
+        let slow = LatencyWindow {
+            count: 5,
+            sum_us: 5 * 400_000,
+        };
         let now = run(&mut c, Instant::now(), 3.0, 10, slow);
         assert!(c.pressure() > 0.9, "{}", c.pressure());
         // Everything shed: nothing in flight, no samples.
@@ -321,7 +333,14 @@ mod tests {
         for _ in 0..10 {
             now = run(&mut c, now, 0.95, 0, LatencyWindow::default());
             now += TICK;
-            c.update(now, 1, LatencyWindow { count: 1, sum_us: 500_000 });
+            c.update(
+                now,
+                1,
+                LatencyWindow {
+                    count: 1,
+                    sum_us: 500_000,
+                },
+            );
         }
         assert!(c.pressure() <= 0.5, "{}", c.pressure());
     }

@@ -24,7 +24,9 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// A body from bytes.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// Why the proxy answers a request itself.
@@ -53,6 +55,9 @@ pub enum Rejection {
     BodyTimeout,
     /// A malformed request or body stream: 400.
     BadRequest(String),
+    /// Ambiguous message framing (a request-smuggling attempt): 400, and the connection is
+    /// closed so nothing after it on the connection is read (RFC 9112 section 6.3).
+    BadFraming(String),
     /// The upstream could not be reached or failed mid-response: 502.
     BadGateway(String),
     /// The upstream did not answer in time: 504.
@@ -151,7 +156,7 @@ impl Rejection {
             Rejection::Stale { status, .. } => *status,
             Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Rejection::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Rejection::BadRequest(_) | Rejection::BadFraming(_) => StatusCode::BAD_REQUEST,
             Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -163,7 +168,7 @@ impl Rejection {
             Rejection::Shed { .. } | Rejection::Stale { .. } => None,
             Rejection::PayloadTooLarge { .. } => Some(ErrorKind::PayloadTooLarge),
             Rejection::BodyTimeout => Some(ErrorKind::BodyTimeout),
-            Rejection::BadRequest(_) => Some(ErrorKind::BadRequest),
+            Rejection::BadRequest(_) | Rejection::BadFraming(_) => Some(ErrorKind::BadRequest),
             Rejection::BadGateway(_) => Some(ErrorKind::BadGateway),
             Rejection::GatewayTimeout => Some(ErrorKind::GatewayTimeout),
         }
@@ -227,6 +232,14 @@ impl Rejection {
                 None,
                 None,
             ),
+            Rejection::BadFraming(why) => (
+                "urn:shedgate:problem:bad-framing",
+                "Ambiguous message framing",
+                why.clone(),
+                None,
+                None,
+                None,
+            ),
             Rejection::BadGateway(why) => (
                 "urn:shedgate:problem:bad-gateway",
                 "Upstream unavailable",
@@ -252,6 +265,7 @@ impl Rejection {
             retry_after: retry,
             explanation,
         };
+        let close = matches!(self, Rejection::BadFraming(_));
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = Response::new(full(body));
         *response.status_mut() = status;
@@ -262,6 +276,9 @@ impl Rejection {
         }
         if let Some(reason) = reason {
             headers.insert(X_SHED_REASON, HeaderValue::from_static(reason));
+        }
+        if close {
+            headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

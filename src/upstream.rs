@@ -73,7 +73,12 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 impl Proxy {
     /// A proxy to `upstream` (an `http://` URL; a path is a prefix for every request path).
     /// `timeout` bounds the wait for response headers. `body_limit` is only reported in 413s.
-    pub fn new(upstream: &Uri, timeout: Duration, connect_timeout: Duration, body_limit: u64) -> Self {
+    pub fn new(
+        upstream: &Uri,
+        timeout: Duration,
+        connect_timeout: Duration,
+        body_limit: u64,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
@@ -159,7 +164,8 @@ impl Proxy {
                 let latency = started.elapsed();
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                let mut r = Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
+                let mut r =
+                    Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
                 r.extensions_mut()
                     .insert(UpstreamOutcome::Answered { latency });
                 r
@@ -247,8 +253,16 @@ pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr) {
             headers.insert(name, v);
         }
     };
-    append(headers, HeaderName::from_static("x-forwarded-for"), client.to_string());
-    append(headers, HeaderName::from_static("x-forwarded-proto"), "http".to_owned());
+    append(
+        headers,
+        HeaderName::from_static("x-forwarded-for"),
+        client.to_string(),
+    );
+    append(
+        headers,
+        HeaderName::from_static("x-forwarded-proto"),
+        "http".to_owned(),
+    );
     let node = match client {
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("\"[{ip}]\""),
@@ -263,7 +277,10 @@ mod tests {
     #[test]
     fn strips_standard_and_nominated_headers() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, X-Debug-Trace"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Debug-Trace"),
+        );
         h.insert("x-debug-trace", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("te", HeaderValue::from_static("trailers"));
@@ -282,6 +299,9 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
         add_forwarding_headers(&mut h, "::1".parse().unwrap());
-        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http, for=\"[::1]\";proto=http");
+        assert_eq!(
+            h["forwarded"],
+            "for=127.0.0.1;proto=http, for=\"[::1]\";proto=http"
+        );
     }
 }

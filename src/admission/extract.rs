@@ -42,7 +42,9 @@ impl JsonPointer {
             why,
         };
         let Some(rest) = text.strip_prefix('/') else {
-            return Err(err("must start with '/' (the whole document cannot be a field)"));
+            return Err(err(
+                "must start with '/' (the whole document cannot be a field)",
+            ));
         };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
@@ -124,7 +126,11 @@ impl Extractor {
         lon: JsonPointer,
         time: JsonPointer,
     ) -> Result<Self, OverlappingPointers> {
-        let all = [(&lat, Target::Lat), (&lon, Target::Lon), (&time, Target::Time)];
+        let all = [
+            (&lat, Target::Lat),
+            (&lon, Target::Lon),
+            (&time, Target::Time),
+        ];
         for (i, (a, _)) in all.iter().enumerate() {
             for (b, _) in &all[i + 1..] {
                 if a.is_prefix_of(b) || b.is_prefix_of(a) {
@@ -381,7 +387,10 @@ struct KeySeed<'a>(&'a Node);
 impl<'de, 'a> DeserializeSeed<'de> for KeySeed<'a> {
     type Value = Option<&'a Node>;
 
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_str(self)
     }
 }
@@ -394,7 +403,12 @@ impl<'de, 'a> Visitor<'de> for KeySeed<'a> {
     }
 
     fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
-        Ok(self.0.children.iter().find(|(t, _, _)| t == key).map(|(_, _, n)| n))
+        Ok(self
+            .0
+            .children
+            .iter()
+            .find(|(t, _, _)| t == key)
+            .map(|(_, _, n)| n))
     }
 }
 
@@ -492,7 +506,13 @@ mod tests {
         let f = e.extract(
             br#"{"coords":[13.4,52.5],"position":{"fixTime":1780000000000,"latitude":"52.5"}}"#,
         );
-        assert_eq!(f.coordinates, Coordinates::Valid { lat: 52.5, lon: 13.4 });
+        assert_eq!(
+            f.coordinates,
+            Coordinates::Valid {
+                lat: 52.5,
+                lon: 13.4
+            }
+        );
         assert_eq!(f.time, EventTime::At(UnixMillis(1_780_000_000_000)));
     }
 
@@ -506,9 +526,16 @@ mod tests {
     #[test]
     fn deep_unrelated_nesting_does_not_matter() {
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-        let body = format!(r#"{{"extras":{deep},"lat":52.52,"lon":13.405,"occurred_at":1780000000}}"#);
+        let body =
+            format!(r#"{{"extras":{deep},"lat":52.52,"lon":13.405,"occurred_at":1780000000}}"#);
         let f = Extractor::default().extract(body.as_bytes());
-        assert_eq!(f.coordinates, Coordinates::Valid { lat: 52.52, lon: 13.405 });
+        assert_eq!(
+            f.coordinates,
+            Coordinates::Valid {
+                lat: 52.52,
+                lon: 13.405
+            }
+        );
     }
 
     #[test]
@@ -520,7 +547,11 @@ mod tests {
             r#"{"lat":151.2,"lon":-33.8}"#,
             r#"{"lat":true,"lon":{}}"#,
         ] {
-            assert_eq!(e.extract(body.as_bytes()).coordinates, Coordinates::Invalid, "{body}");
+            assert_eq!(
+                e.extract(body.as_bytes()).coordinates,
+                Coordinates::Invalid,
+                "{body}"
+            );
         }
         let f = e.extract(br#"{"lat":1}"#);
         assert_eq!(f.coordinates, Coordinates::Missing);
@@ -528,7 +559,11 @@ mod tests {
         let f = e.extract(br#"{"lat":1,"lon":2,"occurred_at":"soon"}"#);
         assert_eq!(f.time, EventTime::Invalid);
         for body in ["", "not json", r#"{"lat":1,"lon":2"#, "[1,2] x"] {
-            assert_eq!(e.extract(body.as_bytes()).body, BodyState::NotJson, "{body}");
+            assert_eq!(
+                e.extract(body.as_bytes()).body,
+                BodyState::NotJson,
+                "{body}"
+            );
         }
         // A top-level array or scalar is JSON without the facts.
         assert_eq!(e.extract(b"[1,2]").coordinates, Coordinates::Missing);

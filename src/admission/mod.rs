@@ -139,7 +139,11 @@ pub enum ShedReason {
 
 impl ShedReason {
     /// All reasons, in metric-slot order.
-    pub const ALL: [ShedReason; 3] = [ShedReason::Disabled, ShedReason::Stale, ShedReason::Pressure];
+    pub const ALL: [ShedReason; 3] = [
+        ShedReason::Disabled,
+        ShedReason::Stale,
+        ShedReason::Pressure,
+    ];
 
     /// Stable name: `disabled`, `stale`, `pressure`.
     pub fn as_str(self) -> &'static str {

@@ -127,14 +127,24 @@ mod tests {
     fn unix_numbers_and_numeric_strings() {
         assert_eq!(parse_unix_number(1_780_000_000.0), Some(UnixMillis(T)));
         assert_eq!(parse_unix_number(1_780_000_000_000.0), Some(UnixMillis(T)));
-        assert_eq!(parse_unix_number(1_780_000_000.25), Some(UnixMillis(T + 250)));
+        assert_eq!(
+            parse_unix_number(1_780_000_000.25),
+            Some(UnixMillis(T + 250))
+        );
         assert_eq!(parse_time_text("1780000000"), Some(UnixMillis(T)));
         assert_eq!(parse_time_text(" 1780000000000 "), Some(UnixMillis(T)));
     }
 
     #[test]
     fn garbage_is_none() {
-        for s in ["", "yesterday", "NaN", "inf", "2026-13-40T00:00:00Z", "1e400"] {
+        for s in [
+            "",
+            "yesterday",
+            "NaN",
+            "inf",
+            "2026-13-40T00:00:00Z",
+            "1e400",
+        ] {
             assert_eq!(parse_time_text(s), None, "{s:?}");
         }
         assert_eq!(parse_unix_number(f64::NAN), None);

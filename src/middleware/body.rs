@@ -37,7 +37,9 @@ impl TimedBody {
 
 impl std::fmt::Debug for TimedBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TimedBody").field("limit", &self.limit).finish_non_exhaustive()
+        f.debug_struct("TimedBody")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
     }
 }
 

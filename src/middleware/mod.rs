@@ -24,7 +24,9 @@ use tower::{Layer, Service, ServiceExt};
 pub use body::{GuardedBody, TimedBody};
 
 use crate::BoxError;
-use crate::admission::{BodyState, Coordinates, EventTime, ShedReason, UnixMillis, Verdict, decide};
+use crate::admission::{
+    BodyState, Coordinates, EventTime, ShedReason, UnixMillis, Verdict, decide,
+};
 use crate::metrics::{Fact, Outcome};
 use crate::policy::store::Snapshot;
 use crate::policy::{PolicyStore, StreamId, Supersession};
@@ -139,6 +141,13 @@ where
         let shared = Arc::clone(&self.shared);
         let inner = self.inner.clone();
         let snapshot = shared.store.load();
+        let flagged = req.extensions().get::<crate::framing::AmbiguousFraming>();
+        if let Some(why) = flagged
+            .map(|f| f.0.clone())
+            .or_else(|| ambiguous_framing(req.headers()))
+        {
+            return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
+        }
         let stream = req
             .headers()
             .get(&shared.settings.stream_header)
@@ -166,8 +175,11 @@ where
             // through, still bounded in size and time.
             let (parts, body) = req.into_parts();
             let body = TimedBody::new(
-                Limited::new(body, usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX))
-                    .boxed_unsync(),
+                Limited::new(
+                    body,
+                    usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX),
+                )
+                .boxed_unsync(),
                 shared.settings.body_read_timeout,
             )
             .boxed_unsync();
@@ -175,6 +187,26 @@ where
             ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req))
         }
     }
+}
+
+/// A `Transfer-Encoding` other than exactly one `chunked` (request smuggling: RFC 9112
+/// section 6.1 and 6.3). hyper already refuses a final coding other than `chunked`, and
+/// drops a `Content-Length` that comes with `Transfer-Encoding` (closing the connection after
+/// the response); what reaches here and is still ambiguous — whitespace around the coding,
+/// a repeated `chunked`, several header lines — is refused.
+fn ambiguous_framing(headers: &http::HeaderMap) -> Option<String> {
+    let mut values = headers.get_all(http::header::TRANSFER_ENCODING).iter();
+    let first = values.next()?;
+    if values.next().is_some() {
+        return Some("more than one Transfer-Encoding header line".into());
+    }
+    if first.as_bytes().eq_ignore_ascii_case(b"chunked") {
+        return None;
+    }
+    Some(format!(
+        "Transfer-Encoding {:?} is not exactly \"chunked\"",
+        String::from_utf8_lossy(first.as_bytes())
+    ))
 }
 
 /// Reads a sheddable stream's body, decides, and forwards or answers.
@@ -194,7 +226,10 @@ where
     let settings = &shared.settings;
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
-    let read = tokio::time::timeout(settings.body_read_timeout, Limited::new(body, limit).collect());
+    let read = tokio::time::timeout(
+        settings.body_read_timeout,
+        Limited::new(body, limit).collect(),
+    );
     let bytes = match read.await {
         Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
@@ -226,7 +261,14 @@ where
     }
     let pressure = shared.pressure.pressure();
     let now = (shared.sources.clock)();
-    let decision = decide(policy, stream, &facts, now, pressure, (shared.sources.draw)());
+    let decision = decide(
+        policy,
+        stream,
+        &facts,
+        now,
+        pressure,
+        (shared.sources.draw)(),
+    );
     m.shed(stream, decision.area, decision.verdict);
     let name = stream.map(|id| policy.stream_policy(id).name.as_str());
     tracing::debug!(
@@ -258,9 +300,17 @@ where
             rejection.into_response()
         }
         Verdict::Admit | Verdict::WouldShed(_) => {
-            let body = Full::new(bytes).map_err(|never| match never {}).boxed_unsync();
-            forward(shared.clone(), inner, Arc::clone(&snapshot), stream, Request::from_parts(parts, body))
-                .await
+            let body = Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            forward(
+                shared.clone(),
+                inner,
+                Arc::clone(&snapshot),
+                stream,
+                Request::from_parts(parts, body),
+            )
+            .await
         }
     }
 }
@@ -296,7 +346,8 @@ where
         Some(UpstreamOutcome::TimedOut { after }) => {
             // A timeout is overload: it counts as a sample at least as slow as the timeout.
             shared.pressure.record_latency(*after);
-            m.global().proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
+            m.global()
+                .proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
             m.request(stream, Outcome::UpstreamError);
         }
         Some(UpstreamOutcome::Failed) | None => {

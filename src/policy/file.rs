@@ -96,7 +96,9 @@ impl TryFrom<String> for DurationValue {
         match humantime::parse_duration(&text) {
             Ok(d) if !d.is_zero() => Ok(DurationValue(d)),
             Ok(_) => Err(format!("duration must be positive, got {text:?}")),
-            Err(e) => Err(format!("invalid duration {text:?} ({e}); write e.g. \"30s\" or \"250ms\"")),
+            Err(e) => Err(format!(
+                "invalid duration {text:?} ({e}); write e.g. \"30s\" or \"250ms\""
+            )),
         }
     }
 }
@@ -168,13 +170,10 @@ impl<'de> Deserialize<'de> for JsonPointer {
 impl<'de> Deserialize<'de> for Rank {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let n = i64::deserialize(d)?;
-        u8::try_from(n)
-            .ok()
-            .and_then(Rank::new)
-            .ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "rank must be an integer in 1..=100 (1 is the most important), got {n}"
-                ))
-            })
+        u8::try_from(n).ok().and_then(Rank::new).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "rank must be an integer in 1..=100 (1 is the most important), got {n}"
+            ))
+        })
     }
 }

@@ -324,7 +324,10 @@ pub fn compile(
             }
         }
     };
-    let areas_path = areas_file.map_or_else(|| streams_path.with_file_name(AREAS_FILE), |a| a.0.to_owned());
+    let areas_path = areas_file.map_or_else(
+        || streams_path.with_file_name(AREAS_FILE),
+        |a| a.0.to_owned(),
+    );
 
     let at = |path: &Path, field: String, message: String| PolicyError {
         location: Location {
@@ -346,7 +349,8 @@ pub fn compile(
             crate::admission::curve::CurveError::Ramp(_) => "defaults.ramp",
         };
         let mut err = at(streams_path, field.into(), e.to_string());
-        err.location.line_col = find_key_line(streams_text, field.rsplit('.').next().unwrap_or(field));
+        err.location.line_col =
+            find_key_line(streams_text, field.rsplit('.').next().unwrap_or(field));
         err
     })?;
     let default_stale = d.stale_after.map_or(DEFAULT_STALE_AFTER, |v| v.0);
@@ -415,7 +419,10 @@ pub fn compile(
             file: streams_path.to_owned(),
             message: "no streams: every stream is unknown, so nothing is ever shed".into(),
         });
-    } else if streams.iter().all(|s| s.supersession == Supersession::Never) {
+    } else if streams
+        .iter()
+        .all(|s| s.supersession == Supersession::Never)
+    {
         warnings.push(Warning {
             file: streams_path.to_owned(),
             message: "no self-superseding stream: nothing is ever shed".into(),
@@ -429,7 +436,9 @@ pub fn compile(
         let field = |f: &str| format!("areas[{i}].{f}");
         let name_ok = !a.name.is_empty()
             && a.name.len() <= 64
-            && a.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+            && a.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
         if !name_ok {
             return Err(at(
                 &areas_path,
@@ -445,7 +454,10 @@ pub fn compile(
             return Err(at(
                 &areas_path,
                 field("name"),
-                format!("area name {:?} is reserved for places no area covers", a.name),
+                format!(
+                    "area name {:?} is reserved for places no area covers",
+                    a.name
+                ),
             ));
         }
         if areas.iter().any(|b| b.name == a.name) {
@@ -488,7 +500,11 @@ pub fn compile(
         overlaps.sort_by_key(|(other, _)| other.0);
         for (other, n) in overlaps {
             let o = &areas[other.index()];
-            let (winner, rank) = if a.rank < o.rank { (&a.name, a.rank) } else { (&o.name, o.rank) };
+            let (winner, rank) = if a.rank < o.rank {
+                (&a.name, a.rank)
+            } else {
+                (&o.name, o.rank)
+            };
             warnings.push(Warning {
                 file: areas_path.clone(),
                 message: format!(
@@ -576,7 +592,10 @@ fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.len(), |i| before.len() - i - 1) + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
     (line, col)
 }
 
@@ -607,7 +626,8 @@ supersession = "self-superseding"
 
     #[test]
     fn errors_name_file_line_and_field() {
-        let e = compile_str(STREAMS, "[[areas]]\nname = \"x\"\nrank = 0\ncells = []\n").unwrap_err();
+        let e =
+            compile_str(STREAMS, "[[areas]]\nname = \"x\"\nrank = 0\ncells = []\n").unwrap_err();
         assert_eq!(e.location.file, Path::new("p/areas.toml"));
         assert_eq!(e.location.line_col.map(|l| l.0), Some(3));
         assert_eq!(e.location.field.as_deref(), Some("areas[0].rank"));
@@ -629,20 +649,30 @@ supersession = "self-superseding"
     fn finer_cells_are_refused_and_coarser_cells_expand() {
         // Resolution 5 (finer): refused.
         let fine = "851f1d4bfffffff";
-        let e = compile_str(STREAMS, &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{fine}\"]\n"))
-            .unwrap_err();
+        let e = compile_str(
+            STREAMS,
+            &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{fine}\"]\n"),
+        )
+        .unwrap_err();
         assert!(e.message.contains("resolution 5"), "{e}");
         // Resolution 3: seven resolution-4 children.
-        let coarse = LatLng::new(52.52, 13.405).unwrap().to_cell(Resolution::Three);
-        let c = compile_str(STREAMS, &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{coarse}\"]\n"))
-            .unwrap();
+        let coarse = LatLng::new(52.52, 13.405)
+            .unwrap()
+            .to_cell(Resolution::Three);
+        let c = compile_str(
+            STREAMS,
+            &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{coarse}\"]\n"),
+        )
+        .unwrap();
         assert_eq!(c.policy.cell_count(), 7);
         assert_eq!(c.policy.area_at(52.52, 13.405).1.get(), 5);
     }
 
     #[test]
     fn overlaps_take_the_lowest_rank_and_warn() {
-        let berlin = LatLng::new(52.52, 13.405).unwrap().to_cell(Resolution::Four);
+        let berlin = LatLng::new(52.52, 13.405)
+            .unwrap()
+            .to_cell(Resolution::Four);
         let areas = format!(
             "[[areas]]\nname=\"a\"\nrank=30\ncells=[\"{berlin}\"]\n[[areas]]\nname=\"b\"\nrank=5\ncells=[\"{berlin}\"]\n"
         );
@@ -653,8 +683,11 @@ supersession = "self-superseding"
 
     #[test]
     fn never_stream_cannot_be_disabled() {
-        let e = compile_str("[streams.a]\nsupersession = \"never\"\nenabled = false\n", "")
-            .unwrap_err();
+        let e = compile_str(
+            "[streams.a]\nsupersession = \"never\"\nenabled = false\n",
+            "",
+        )
+        .unwrap_err();
         assert!(e.message.contains("cannot be disabled"), "{e}");
     }
 

@@ -1,0 +1,664 @@
+//! Integration tests: the proxy over real loopback sockets in front of a real mock upstream.
+
+mod cases;
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+// === The geographic seed's five verification properties, through the proxy ===
+
+#[tokio::test]
+async fn boundary_edits_are_never_shed_at_any_pressure() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    for (i, pressure) in [0.0, 0.5, 0.9, 1.0].into_iter().enumerate() {
+        pin(&proxy, pressure).await;
+        let a = post(&proxy, "feature.boundary_edit", event(BERLIN, 0)).await;
+        assert_eq!(a.status, StatusCode::OK, "pressure {pressure}");
+        assert_eq!(upstream.count(), 2 * i + 1);
+        // Even a stale one in an unconfigured area.
+        let a = post(&proxy, "feature.boundary_edit", event(MUNICH, 3600)).await;
+        assert_eq!(a.status, StatusCode::OK, "pressure {pressure}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_stream_defaults_to_never_shed() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 1.0).await;
+    let a = post(&proxy, "some.new.topic", event(BERLIN, 0)).await;
+    assert_eq!(a.status, StatusCode::OK);
+    // And a request naming no stream at all.
+    let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+        .body(Full::new(Bytes::from(event(MUNICH, 120))))
+        .unwrap();
+    assert_eq!(send(req).await.status, StatusCode::OK);
+    assert_eq!(upstream.count(), 2);
+}
+
+#[tokio::test]
+async fn stale_pings_are_shed_even_at_zero_pressure() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.0).await;
+    let a = post(&proxy, "vehicle.position", event(BERLIN, 120)).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED);
+    assert_eq!(a.header("x-shed-reason"), Some("stale"));
+    assert_eq!(a.json()["reason"], "stale");
+    assert_eq!(
+        upstream.count(),
+        0,
+        "a shed request never reaches the upstream"
+    );
+    // A time in the future (clock skew) is not stale.
+    let a = post(&proxy, "vehicle.position", event(BERLIN, -300)).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_shed_total",
+            &[
+                ("stream", "vehicle.position"),
+                ("reason", "stale"),
+                ("area", "berlin")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "shedgate_shed_total", &[("reason", "pressure")]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn priority_areas_survive_longer_than_default_ones() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.75).await;
+    let kept = post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
+    assert_eq!(kept.status, StatusCode::OK);
+    assert_eq!(upstream.count(), 1);
+    let shed = post(&proxy, "vehicle.position", event(MUNICH, 0)).await;
+    assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        upstream.count(),
+        1,
+        "a shed request never reaches the upstream"
+    );
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_shed_total",
+            &[("area", "unconfigured"), ("reason", "pressure")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn nothing_is_shed_below_the_pressure_floor() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.4).await;
+    for at in [BERLIN, MUNICH] {
+        let a = post(&proxy, "vehicle.position", event(at, 0)).await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.count(), 2);
+}
+
+// === Responses ===
+
+#[tokio::test]
+async fn shed_answers_503_with_retry_after_and_problem_json() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.9).await;
+    let mut seconds = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let a = post(&proxy, "sensor.reading", event(MUNICH, 0)).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        let retry = a.header("retry-after").expect("Retry-After");
+        assert!(
+            !retry.is_empty()
+                && retry.bytes().all(|b| b.is_ascii_digit())
+                && !retry.starts_with('0'),
+            "Retry-After {retry:?} is not ^[1-9][0-9]*$"
+        );
+        seconds.insert(retry.parse::<u32>().unwrap());
+        assert_eq!(a.header("content-type"), Some("application/problem+json"));
+        assert_eq!(a.header("x-shed-reason"), Some("pressure"));
+        let p = a.json();
+        assert_eq!(p["status"], 503);
+        assert_eq!(p["stream"], "sensor.reading");
+        assert_eq!(p["reason"], "pressure");
+        assert_eq!(p["area"], "unconfigured");
+        assert_eq!(p["rank"], 50);
+        assert!(p["policy_version"].as_str().is_some_and(|v| v.len() == 12));
+    }
+    assert!(seconds.len() >= 2, "Retry-After is jittered: {seconds:?}");
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn upstream_down_is_502() {
+    let policy = PolicyDir::seed();
+    let dead = closed_port().await;
+    let proxy = spawn_proxy(&format!("http://{dead}"), policy.path()).await;
+    for stream in ["vehicle.position", "feature.boundary_edit"] {
+        let a = post(&proxy, stream, event(BERLIN, 0)).await;
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{stream}");
+        assert_eq!(a.header("content-type"), Some("application/problem+json"));
+        assert_eq!(a.json()["status"], 502);
+    }
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_proxy_errors_total",
+            &[("kind", "bad_gateway")]
+        ),
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn upstream_too_slow_is_504() {
+    let upstream = MockUpstream::with(Behaviour {
+        delay: Duration::from_secs(5),
+        ..Behaviour::default()
+    })
+    .await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+        a.upstream_timeout = Some("300ms".into());
+        a.latency_target = Some("100ms".into());
+    })
+    .await;
+    let a = post(&proxy, "geofence.transition", event(BERLIN, 0)).await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_proxy_errors_total",
+            &[("kind", "gateway_timeout")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn declared_body_over_the_limit_is_413() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_body = Some(1000)).await;
+    for stream in ["vehicle.position", "feature.boundary_edit"] {
+        let a = post(&proxy, stream, vec![b' '; 1001]).await;
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{stream}");
+        assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    }
+    // At the limit is fine.
+    let body = format!("{:<1000}", event(BERLIN, 0));
+    assert_eq!(
+        post(&proxy, "vehicle.position", body).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(upstream.count(), 1);
+}
+
+/// A chunked body (no Content-Length) that streams past the limit.
+#[tokio::test]
+async fn streamed_body_over_the_limit_is_413() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_body = Some(1000)).await;
+    for stream in ["vehicle.position", "feature.boundary_edit"] {
+        let body = Chunks {
+            left: 10,
+            size: 200,
+        };
+        let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+            .header("x-stream", stream)
+            .body(body)
+            .unwrap();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{stream}");
+    }
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_proxy_errors_total",
+            &[("kind", "payload_too_large")]
+        ),
+        2.0
+    );
+}
+
+/// A body of `n` chunks of `size` bytes, without a known length (sent chunked).
+struct Chunks {
+    left: usize,
+    size: usize,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= 1;
+        let chunk = Bytes::from(vec![b' '; self.size]);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(chunk))))
+    }
+}
+
+/// A body that drips for longer than the body read timeout: 408, and the upstream never
+/// sees it.
+#[tokio::test]
+async fn slow_body_is_408_and_never_reaches_the_upstream() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+        a.body_read_timeout = Some("300ms".into());
+    })
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    let body = event(BERLIN, 0);
+    let head = format!(
+        "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&body.as_bytes()[..5]).await.unwrap();
+    // Never send the rest; the proxy answers on its own.
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    response.extend_from_slice(&buf[..n]);
+                    if response.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(upstream.count(), 0);
+    assert_eq!(
+        proxy.parts.pressure.inflight(),
+        0,
+        "it never held an upstream slot"
+    );
+}
+
+// === Proxying ===
+
+#[tokio::test]
+async fn forwarding_headers_and_path_reach_the_upstream() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let req = Request::post(format!("http://{}/ingest/v1?src=test", proxy.proxy_addr))
+        .header("x-stream", "geofence.transition")
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("host", "ingest.example.test")
+        .body(Full::new(Bytes::from(event(BERLIN, 0))))
+        .unwrap();
+    assert_eq!(send(req).await.status, StatusCode::OK);
+    let r = upstream.last();
+    assert_eq!(
+        r.uri.path_and_query().unwrap().as_str(),
+        "/ingest/v1?src=test"
+    );
+    assert_eq!(r.headers["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(r.headers["x-forwarded-proto"], "http");
+    assert_eq!(r.headers["forwarded"], "for=127.0.0.1;proto=http");
+    assert_eq!(r.headers["host"], "ingest.example.test");
+}
+
+#[tokio::test]
+async fn expect_continue_and_chunked_bodies_work() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let body = event(BERLIN, 0);
+    for stream in ["vehicle.position", "dlq.replay"] {
+        let mut tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: {stream}\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"),
+            "{stream}"
+        );
+        let (a, b) = body.split_at(10);
+        let chunked = format!("{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n", a.len(), b.len());
+        tcp.write_all(chunked.as_bytes()).await.unwrap();
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+            "{stream}"
+        );
+        let r = upstream.last();
+        assert_eq!(r.body, body.as_bytes());
+        assert!(!r.headers.contains_key("expect"));
+    }
+}
+
+#[tokio::test]
+async fn in_flight_is_held_until_the_response_body_ends() {
+    // The upstream sends its headers at once and its body 500 ms later.
+    let upstream = MockUpstream::with(Behaviour {
+        body_delay: Duration::from_millis(500),
+        ..Behaviour::default()
+    })
+    .await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+        .header("x-stream", "dlq.replay")
+        .body(Full::new(Bytes::from(event(BERLIN, 0))))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    // Headers arrived; the body has not ended: still in flight.
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(proxy.parts.pressure.inflight(), 1);
+    let _ = resp.into_body().collect().await.unwrap();
+    // The proxy releases the guard when its body ends, just before the client sees the end.
+    for _ in 0..100 {
+        if proxy.parts.pressure.inflight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(proxy.parts.pressure.inflight(), 0);
+}
+
+#[tokio::test]
+async fn graceful_shutdown_drains_in_flight_requests() {
+    let upstream = MockUpstream::with(Behaviour {
+        delay: Duration::from_millis(400),
+        ..Behaviour::default()
+    })
+    .await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let addr = proxy.proxy_addr;
+    let req = Request::post(format!("http://{addr}/ingest"))
+        .header("x-stream", "feature.boundary_edit")
+        .body(Full::new(Bytes::from(event(BERLIN, 0))))
+        .unwrap();
+    let pending = tokio::spawn(send(req));
+    while upstream.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stopping = tokio::spawn(proxy.shutdown());
+    let answer = pending.await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "the in-flight request finished"
+    );
+    stopping.await.unwrap();
+    // After shutdown, nothing is accepted.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+// === Admin and metrics ===
+
+#[tokio::test]
+async fn pressure_can_be_pinned_unpinned_and_read() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.8).await;
+    let v = admin_get(&proxy, "/pressure").await.json();
+    assert_eq!(v["value"], 0.8);
+    assert_eq!(v["pinned"], true);
+    assert!(v["controller"]["max_inflight"].as_u64().is_some());
+    let m = scrape(&proxy).await;
+    assert_eq!(metric(&m, "shedgate_pressure_pinned", &[]), 1.0);
+    let req = Request::delete(format!("http://{}/pressure", proxy.admin_addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let v = send(req).await.json();
+    assert_eq!(v["pinned"], false);
+    assert!(v["value"].as_f64().unwrap() < 0.5);
+    for bad in ["{\"pin\": 1.5}", "{\"pin\": -0.1}", "{}", "nope"] {
+        let req = Request::put(format!("http://{}/pressure", proxy.admin_addr))
+            .body(Full::new(Bytes::from(bad)))
+            .unwrap();
+        let a = send(req).await;
+        assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+        assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    }
+}
+
+#[tokio::test]
+async fn metrics_expose_the_catalog_with_policy_names_only() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.75).await;
+    post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
+    post(&proxy, "vehicle.position", event(MUNICH, 0)).await;
+    post(&proxy, "vehicle.position", r#"{"lat":"x"}"#).await;
+    post(&proxy, "evil\"} 1 hacked{a=\"", event(MUNICH, 0)).await;
+    post(&proxy, "no.such.stream", event(MUNICH, 0)).await;
+    // Let the ticker publish gauges and the upkeep run.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let m = scrape(&proxy).await;
+    // Every declared metric this traffic touches is exposed (would-sheds need warn mode:
+    // see the warn-mode test), and nothing undeclared is.
+    for (name, _, _) in shedgate::metrics::CATALOG {
+        if *name != shedgate::metrics::WOULD_SHED {
+            assert!(
+                m.contains(&format!("# TYPE {name} ")),
+                "{name} missing:\n{m}"
+            );
+        }
+    }
+    for line in m.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = line.split(' ').next().unwrap();
+        assert!(
+            shedgate::metrics::CATALOG
+                .iter()
+                .any(|(n, _, _)| *n == name),
+            "undeclared {name}"
+        );
+    }
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_requests_total",
+            &[("stream", "unknown"), ("outcome", "forwarded")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_requests_total",
+            &[("stream", "vehicle.position"), ("outcome", "shed")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_unreadable_facts_total",
+            &[("stream", "vehicle.position"), ("fact", "coordinates")]
+        ),
+        1.0
+    );
+    assert!(
+        !m.contains("hacked") && !m.contains("no.such.stream"),
+        "client values never become labels"
+    );
+    assert!(
+        !m.contains("841f1d5ffffffff"),
+        "cell ids never become labels"
+    );
+    assert_eq!(metric(&m, "shedgate_pressure", &[]), 0.75);
+    assert_eq!(metric(&m, "shedgate_rank_cutoff", &[]), 25.0);
+    assert!(
+        m.contains("shedgate_upstream_latency_seconds_bucket"),
+        "histogram with buckets"
+    );
+    let p = admin_get(&proxy, "/policy").await.json();
+    assert_eq!(p["areas"][0]["name"], "berlin");
+    assert_eq!(p["streams"].as_array().unwrap().len(), 6);
+    assert_eq!(admin_get(&proxy, "/healthz").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn warn_mode_forwards_and_counts_would_sheds() {
+    let upstream = MockUpstream::start().await;
+    let streams = SEED_STREAMS.replace(
+        "[streams.\"vehicle.position\"]\nsupersession = \"self-superseding\"",
+        "[streams.\"vehicle.position\"]\nsupersession = \"self-superseding\"\nmode = \"warn\"",
+    );
+    let policy = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.75).await;
+    assert_eq!(
+        post(&proxy, "vehicle.position", event(MUNICH, 0))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&proxy, "vehicle.position", event(MUNICH, 600))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&proxy, "sensor.reading", event(MUNICH, 0))
+            .await
+            .status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(upstream.count(), 2);
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_would_shed_total",
+            &[("stream", "vehicle.position"), ("reason", "pressure")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_would_shed_total",
+            &[("stream", "vehicle.position"), ("reason", "stale")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "shedgate_shed_total", &[("stream", "vehicle.position")]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn disabled_stream_is_shed_with_reason_disabled() {
+    let upstream = MockUpstream::start().await;
+    let streams = format!(
+        "{SEED_STREAMS}\n[streams.\"debug.trace\"]\nsupersession = \"self-superseding\"\nenabled = false\n"
+    );
+    let policy = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let a = post(&proxy, "debug.trace", event(BERLIN, 0)).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.header("x-shed-reason"), Some("disabled"));
+    assert!(a.header("retry-after").is_some());
+    assert_eq!(upstream.count(), 0);
+}
+
+#[test]
+fn the_example_policies_compile() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["policies", "policies/examples/cases"] {
+        let c =
+            shedgate::policy::load_dir(&root.join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        assert!(c.warnings.is_empty(), "{dir}: {:?}", c.warnings);
+        assert!(!c.policy.areas().is_empty());
+    }
+    let seed = shedgate::policy::load_dir(&root.join("policies"))
+        .unwrap()
+        .policy;
+    for s in ["vehicle.position", "sensor.reading", "tile.render"] {
+        let id = seed.stream(s).unwrap();
+        assert_eq!(
+            seed.stream_policy(id).supersession,
+            shedgate::policy::Supersession::SelfSuperseding
+        );
+    }
+    for s in ["feature.boundary_edit", "geofence.transition", "dlq.replay"] {
+        let id = seed.stream(s).unwrap();
+        assert_eq!(
+            seed.stream_policy(id).supersession,
+            shedgate::policy::Supersession::Never
+        );
+    }
+}
+
+#[test]
+fn same_meridian_and_poles_give_the_same_cell() {
+    let dir = PolicyDir::seed();
+    let p = shedgate::policy::load_dir(dir.path()).unwrap().policy;
+    let cell = |lat, lon| {
+        h3o::LatLng::new(lat, lon)
+            .unwrap()
+            .to_cell(h3o::Resolution::Four)
+    };
+    assert_eq!(cell(0.0, 180.0), cell(0.0, -180.0));
+    for lon in [-180.0, -90.0, 0.0, 45.0, 179.9] {
+        assert_eq!(cell(90.0, lon), cell(90.0, 0.0));
+        assert_eq!(cell(-90.0, lon), cell(-90.0, 0.0));
+    }
+    assert_eq!(p.area_at(0.0, 180.0), p.area_at(0.0, -180.0));
+}

@@ -1,0 +1,357 @@
+//! Test harness: a recording mock upstream, a policy directory builder, an in-process proxy
+//! on ephemeral loopback ports, a client, and metric scraping.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use shedgate::app::Running;
+use shedgate::config::{Config, ServeArgs};
+use shedgate::middleware::Sources;
+use tokio::net::TcpListener;
+
+/// What the mock upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: Method,
+    pub uri: http::Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// How the mock upstream answers.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    pub status: StatusCode,
+    /// Before the response headers.
+    pub delay: Duration,
+    /// Between the response headers and the body.
+    pub body_delay: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            status: StatusCode::OK,
+            delay: Duration::ZERO,
+            body_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A real HTTP/1.1 server on 127.0.0.1:0 that records every request it receives.
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Recorded>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockUpstream {
+    pub async fn start() -> Self {
+        Self::with(Behaviour::default()).await
+    }
+
+    pub async fn with(behaviour: Behaviour) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let record = Arc::clone(&record);
+                let behaviour = behaviour.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let record = Arc::clone(&record);
+                        let behaviour = behaviour.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
+                            record.lock().unwrap().push(Recorded {
+                                method: parts.method,
+                                uri: parts.uri,
+                                headers: parts.headers,
+                                body,
+                            });
+                            tokio::time::sleep(behaviour.delay).await;
+                            let mut r = Response::new(DelayedBody {
+                                sleep: Box::pin(tokio::time::sleep(behaviour.body_delay)),
+                                data: Some(Bytes::from_static(b"{\"ok\":true}")),
+                            });
+                            *r.status_mut() = behaviour.status;
+                            r.headers_mut()
+                                .insert("content-type", "application/json".parse().unwrap());
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        MockUpstream { addr, seen, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    pub fn last(&self) -> Recorded {
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("the upstream saw no request")
+    }
+}
+
+/// A body whose single chunk arrives after a delay (no Content-Length: sent chunked).
+pub struct DelayedBody {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    data: Option<Bytes>,
+}
+
+impl http_body::Body for DelayedBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::future::Future;
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(hyper::body::Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A policy directory in a temporary folder.
+pub struct PolicyDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl PolicyDir {
+    pub fn new(streams: &str, areas: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("streams.toml"), streams).unwrap();
+        if let Some(areas) = areas {
+            std::fs::write(dir.path().join("areas.toml"), areas).unwrap();
+        }
+        PolicyDir { dir }
+    }
+
+    /// The seed's six streams, Berlin's resolution-4 cell at rank 5, default rank 50.
+    pub fn seed() -> Self {
+        Self::new(SEED_STREAMS, Some(BERLIN_AREA))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+pub const SEED_STREAMS: &str = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+[streams."sensor.reading"]
+supersession = "self-superseding"
+[streams."tile.render"]
+supersession = "self-superseding"
+[streams."feature.boundary_edit"]
+supersession = "never"
+[streams."geofence.transition"]
+supersession = "never"
+[streams."dlq.replay"]
+supersession = "never"
+"#;
+
+pub const BERLIN_AREA: &str = r#"
+default_rank = 50
+[[areas]]
+name = "berlin"
+rank = 5
+cells = ["841f1d5ffffffff"]
+"#;
+
+pub const BERLIN: (f64, f64) = (52.52, 13.4049);
+pub const MUNICH: (f64, f64) = (48.1372, 11.5756);
+
+/// The repository's `policies/examples/cases` directory.
+pub fn cases_policy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/examples/cases")
+}
+
+/// A proxy in front of `upstream` with the policy in `policies`.
+pub async fn spawn_proxy(upstream: &str, policies: &Path) -> Running {
+    spawn_proxy_with(upstream, policies, |_| {}).await
+}
+
+pub async fn spawn_proxy_with(
+    upstream: &str,
+    policies: &Path,
+    tweak: impl FnOnce(&mut ServeArgs),
+) -> Running {
+    let mut args = ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        upstream: Some(upstream.to_owned()),
+        policies: Some(policies.to_owned()),
+        ..ServeArgs::default()
+    };
+    tweak(&mut args);
+    let config = Config::from_args(args).expect("valid test config");
+    shedgate::app::start(config, Sources::default())
+        .await
+        .expect("proxy starts")
+        .0
+}
+
+pub type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A response with its body read.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+pub async fn send(req: Request<Full<Bytes>>) -> Answer {
+    let resp = client().request(req).await.expect("request completes");
+    let (parts, body) = resp.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// POSTs `body` with `X-Stream: stream` to the proxy.
+pub async fn post(proxy: &Running, stream: &str, body: impl Into<Bytes>) -> Answer {
+    let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+        .header("x-stream", stream)
+        .header("content-type", "application/json")
+        .body(Full::new(body.into()))
+        .unwrap();
+    send(req).await
+}
+
+/// An event body at `(lat, lon)`, `age_secs` old.
+pub fn event(at: (f64, f64), age_secs: i64) -> String {
+    let t = time::OffsetDateTime::now_utc() - time::Duration::seconds(age_secs);
+    let t = t
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    format!(
+        r#"{{"device_id":"veh-1","lat":{},"lon":{},"occurred_at":"{t}"}}"#,
+        at.0, at.1
+    )
+}
+
+/// Pins pressure through the admin listener's `PUT /pressure`.
+pub async fn pin(proxy: &Running, pressure: f64) {
+    let req = Request::put(format!("http://{}/pressure", proxy.admin_addr))
+        .body(Full::new(Bytes::from(format!("{{\"pin\":{pressure}}}"))))
+        .unwrap();
+    let a = send(req).await;
+    assert_eq!(a.status, StatusCode::OK, "pin failed: {:?}", a.body);
+}
+
+/// `GET` on the admin listener.
+pub async fn admin_get(proxy: &Running, path: &str) -> Answer {
+    let req = Request::get(format!("http://{}{path}", proxy.admin_addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    send(req).await
+}
+
+/// The Prometheus exposition text.
+pub async fn scrape(proxy: &Running) -> String {
+    let a = admin_get(proxy, "/metrics").await;
+    assert_eq!(a.status, StatusCode::OK);
+    String::from_utf8(a.body.to_vec()).unwrap()
+}
+
+/// The value of the series `name{labels}` where every `k="v"` in `labels` matches; 0 if
+/// absent.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// An address nothing listens on.
+pub async fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    addr
+}
