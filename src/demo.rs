@@ -308,8 +308,10 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     // Let the last requests finish.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let report = report.lock().unwrap_or_else(|p| p.into_inner());
-    print_report(&report, &phases.map(|p| p.0), &policy);
+    {
+        let report = report.lock().unwrap_or_else(|p| p.into_inner());
+        print_report(&report, &phases.map(|p| p.0), &policy);
+    }
     println!(
         "\nmetrics: {} shed series; upstream served {} requests",
         proxy

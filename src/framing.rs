@@ -274,13 +274,15 @@ impl Tracker {
             Some("Transfer-Encoding beside Content-Length (request smuggling)".to_owned())
         } else if te.len() > 1 {
             Some("more than one Transfer-Encoding header line".to_owned())
-        } else if let Some(v) = te.first().filter(|v| !v.eq_ignore_ascii_case(b"chunked")) {
-            Some(format!(
-                "Transfer-Encoding {:?} is not exactly \"chunked\"",
-                String::from_utf8_lossy(v)
-            ))
         } else {
-            None
+            te.first()
+                .filter(|v| !v.eq_ignore_ascii_case(b"chunked"))
+                .map(|v| {
+                    format!(
+                        "Transfer-Encoding {:?} is not exactly \"chunked\"",
+                        String::from_utf8_lossy(v)
+                    )
+                })
         };
         self.verdicts.push_back(verdict);
         if upgrade {
