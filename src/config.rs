@@ -24,7 +24,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Upstream base URL, `http://host:port[/prefix]` (required).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "SHEDGATE_UPSTREAM")]
     pub upstream: Option<String>,
     /// Policy directory [default: ./policies].
     #[arg(long, value_name = "DIR")]

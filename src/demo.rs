@@ -169,13 +169,19 @@ const STALE_SHARE: f64 = 0.04;
 /// Share of events from rural places (the rest: cities, weighted by population).
 const RURAL_SHARE: f64 = 0.25;
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Tally {
-    sent: u64,
-    delivered: u64,
-    shed: u64,
-    stale: u64,
-    other: u64,
+/// Counts of one row of the report.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Requests sent.
+    pub sent: u64,
+    /// Answered 2xx by the upstream.
+    pub delivered: u64,
+    /// Shed with 503 (pressure or disabled).
+    pub shed: u64,
+    /// Shed as stale (202 + `X-Shed-Reason: stale`).
+    pub stale: u64,
+    /// Anything else (errors, time-outs).
+    pub other: u64,
 }
 
 impl Tally {
@@ -198,16 +204,21 @@ enum Result_ {
     Other,
 }
 
-#[derive(Debug, Default)]
-struct Report {
-    by_stream: BTreeMap<(usize, &'static str), Tally>,
-    by_area: BTreeMap<(usize, String), Tally>,
+/// What the demo saw: per phase (index into [`Report::phases`]), per stream and per area.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Phase names, in order.
+    pub phases: Vec<&'static str>,
+    /// `(phase, stream)` → counts.
+    pub by_stream: BTreeMap<(usize, &'static str), Tally>,
+    /// `(phase, area label)` → counts, sheddable streams only.
+    pub by_area: BTreeMap<(usize, String), Tally>,
 }
 
 /// Runs the demo and prints its tables. Exit code 1 if something could not start.
 pub async fn run(args: DemoArgs) -> ExitCode {
-    match run_inner(args).await {
-        Ok(()) => ExitCode::SUCCESS,
+    match run_demo(&args, true).await {
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("demo failed: {e}");
             ExitCode::FAILURE
@@ -215,7 +226,11 @@ pub async fn run(args: DemoArgs) -> ExitCode {
     }
 }
 
-async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs the demo; prints progress and the tables when `print` is set; returns the report.
+///
+/// # Errors
+/// When the policy does not load or a listener cannot bind.
+pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn std::error::Error>> {
     let policy = policy::load_dir(&args.policies)?.policy;
     let service = Duration::from_millis(args.service_ms.max(1));
     let upstream = FixedCapacityUpstream::start(args.workers.max(1), service).await?;
@@ -245,7 +260,12 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         ("overload", args.overload, args.phase_seconds * 2),
         ("1x again", 1.0, args.phase_seconds),
     ];
-    println!(
+    let say = |line: String| {
+        if print {
+            println!("{line}");
+        }
+    };
+    say(format!(
         "shedgate demo: upstream {} workers x {} ms = {capacity:.0} req/s; policy {} ({} areas); \
          phases {}",
         args.workers,
@@ -257,7 +277,7 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map(|(n, f, s)| format!("{n} {f}x {s}s"))
             .collect::<Vec<_>>()
             .join(", ")
-    );
+    ));
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1024)
         .build_http();
@@ -265,14 +285,14 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = fastrand::Rng::with_seed(args.seed);
     let url = format!("http://{}/ingest", proxy.proxy_addr);
     let pressure = Arc::clone(&proxy.parts.pressure);
-    for (phase_index, (name, factor, secs)) in phases.iter().enumerate() {
+    for (phase_index, &(name, factor, secs)) in phases.iter().enumerate() {
         let rate = capacity * factor;
         let start = Instant::now();
         let mut sent = 0u64;
         let mut tick = tokio::time::interval(Duration::from_millis(10));
         let mut pressure_sum = 0.0;
         let mut samples = 0u32;
-        while start.elapsed() < Duration::from_secs(*secs) {
+        while start.elapsed() < Duration::from_secs(secs) {
             tick.tick().await;
             pressure_sum += pressure.pressure().get();
             samples += 1;
@@ -300,19 +320,20 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
                 });
             }
         }
-        println!(
+        say(format!(
             "  phase {name:<9} offered {:>5.0} req/s, mean pressure {:.2}",
             rate,
             pressure_sum / f64::from(samples.max(1))
-        );
+        ));
     }
     // Let the last requests finish.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    {
-        let report = report.lock().unwrap_or_else(|p| p.into_inner());
-        print_report(&report, &phases.map(|p| p.0), &policy);
+    let mut report = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    report.phases = phases.iter().map(|p| p.0).collect();
+    if print {
+        print_report(&report, &policy);
     }
-    println!(
+    say(format!(
         "\nmetrics: {} shed series; upstream served {} requests",
         proxy
             .parts
@@ -322,9 +343,9 @@ async fn run_inner(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             .filter(|l| l.starts_with(crate::metrics::SHED))
             .count(),
         upstream.served.load(Ordering::Relaxed)
-    );
+    ));
     proxy.shutdown().await;
-    Ok(())
+    Ok(report)
 }
 
 struct Event {
@@ -440,8 +461,8 @@ fn pct(n: u64, of: u64) -> String {
     }
 }
 
-fn print_report(report: &Report, phases: &[&str], policy: &Policy) {
-    for (i, phase) in phases.iter().enumerate() {
+fn print_report(report: &Report, policy: &Policy) {
+    for (i, phase) in report.phases.iter().enumerate() {
         println!("\n== phase {phase} ==");
         println!(
             "{:<40} {:>7} {:>10} {:>8} {:>8} {:>6}",

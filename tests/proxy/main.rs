@@ -662,3 +662,54 @@ fn same_meridian_and_poles_give_the_same_cell() {
     }
     assert_eq!(p.area_at(0.0, 180.0), p.area_at(0.0, -180.0));
 }
+
+/// The README's demo, shortened: every never-shed event is delivered at every phase, and
+/// every stale event is shed as stale (what the demo's tables must show).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_delivers_every_never_shed_event() {
+    let args = shedgate::demo::DemoArgs {
+        policies: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+        workers: 4,
+        service_ms: 20,
+        phase_seconds: 1,
+        overload: 4.0,
+        seed: 3,
+    };
+    let report = shedgate::demo::run_demo(&args, false).await.unwrap();
+    let policy = shedgate::policy::load_dir(&args.policies).unwrap().policy;
+    assert_eq!(report.phases.len(), 3);
+    let mut never = 0;
+    for ((phase, stream), t) in &report.by_stream {
+        let sheddable = policy.stream(stream).is_some_and(|id| {
+            policy.stream_policy(id).supersession == shedgate::policy::Supersession::SelfSuperseding
+        });
+        if !sheddable {
+            assert_eq!(t.delivered, t.sent, "phase {phase}: {stream} {t:?}");
+            never += t.sent;
+        }
+    }
+    assert!(never > 0);
+    let stale: Vec<_> = report
+        .by_area
+        .iter()
+        .filter(|((_, a), _)| a.contains("stale"))
+        .collect();
+    assert!(!stale.is_empty());
+    for (_, t) in stale {
+        assert_eq!(t.stale, t.sent, "{t:?}");
+    }
+}
+
+/// The README's metric table lists every declared metric.
+#[test]
+fn readme_lists_every_metric() {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    for (name, _, _) in shedgate::metrics::CATALOG {
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "README misses {name}"
+        );
+    }
+}
