@@ -1,5 +1,6 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz`, `GET /policy`,
-//! and `GET|PUT|DELETE /pressure` (PRODUCT.md "Observability", "Pressure").
+//! `POST /reload`, and `GET|PUT|DELETE /pressure` (PRODUCT.md "Observability", "Pressure",
+//! "Policy files and hot reload").
 //!
 //! It binds to loopback by default: it can pin pressure, so it is an operator's tool, not a
 //! public one.
@@ -36,6 +37,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/policy", get(policy))
+        .route("/reload", axum::routing::post(reload))
         .route(
             "/pressure",
             get(get_pressure).put(pin_pressure).delete(unpin_pressure),
@@ -78,10 +80,12 @@ struct PolicyView<'a> {
     streams: Vec<StreamView<'a>>,
     areas: &'a [Area],
     last_error: Option<String>,
+    last_reload_unix_ms: Option<i64>,
 }
 
 async fn policy(State(s): State<AdminState>) -> Response {
     let snapshot = s.store.load();
+    let status = s.store.status();
     let p = &snapshot.policy;
     let view = PolicyView {
         version: p.version(),
@@ -109,9 +113,33 @@ async fn policy(State(s): State<AdminState>) -> Response {
             })
             .collect(),
         areas: p.areas(),
-        last_error: s.store.last_error(),
+        last_error: status.last_error,
+        last_reload_unix_ms: status.last_attempt_unix_ms,
     };
     Json(view).into_response()
+}
+
+/// `POST /reload`: reads and compiles the policy directory now; answers the outcome
+/// (`swapped` or `unchanged` with the version, 200) or the error (422 problem+json; the
+/// previous policy stays live).
+async fn reload(State(s): State<AdminState>) -> Response {
+    use crate::policy::store::ReloadOutcome;
+    let outcome =
+        crate::policy::reload::reload(&s.store, crate::policy::reload::Trigger::Admin).await;
+    match &outcome {
+        ReloadOutcome::Failed { live, error } => {
+            let mut r = problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Policy does not compile; the previous policy stays live",
+                error,
+            );
+            if let Ok(v) = axum::http::HeaderValue::from_str(live) {
+                r.headers_mut().insert("x-policy-version", v);
+            }
+            r
+        }
+        _ => Json(outcome).into_response(),
+    }
 }
 
 async fn get_pressure(State(s): State<AdminState>) -> Response {

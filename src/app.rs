@@ -87,6 +87,7 @@ pub fn build_stack(
             config.upstream_timeout,
             config.connect_timeout,
             config.max_body,
+            config.host_header,
         ))
 }
 
@@ -174,6 +175,11 @@ pub async fn start(
             tracing::error!(error = %e, "admin listener failed");
         }
     }));
+    tasks.push(crate::policy::reload::spawn(
+        Arc::clone(&parts.store),
+        config.policy_recheck,
+        shutdown_rx.clone(),
+    ));
     tasks.push(tokio::spawn(tick(parts.clone(), shutdown_rx)));
     tracing::info!(
         %proxy_addr,

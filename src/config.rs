@@ -62,6 +62,13 @@ pub struct ServeArgs {
     /// Time in-flight requests get to finish on shutdown [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub drain_timeout: Option<String>,
+    /// Safety-net re-check of the policy directory, besides the file watcher [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub policy_recheck: Option<String>,
+    /// `Host` sent upstream: `client` (the client's, unchanged) or `upstream` (the upstream
+    /// URL's authority) [default: client].
+    #[arg(long, value_name = "client|upstream")]
+    pub host_header: Option<String>,
 }
 
 /// The `--config` file: the same keys as the flags.
@@ -82,6 +89,8 @@ struct FileConfig {
     latency_target: Option<String>,
     retry_after_max: Option<u32>,
     drain_timeout: Option<String>,
+    policy_recheck: Option<String>,
+    host_header: Option<String>,
 }
 
 /// Validated process settings.
@@ -113,6 +122,10 @@ pub struct Config {
     pub retry_after_max: u32,
     /// Shutdown drain time.
     pub drain_timeout: Duration,
+    /// Periodic policy re-check interval.
+    pub policy_recheck: Duration,
+    /// How `Host` is forwarded.
+    pub host_header: crate::upstream::HostHeader,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -305,6 +318,21 @@ impl Config {
                 "drain-timeout",
                 args.drain_timeout.or(file.drain_timeout),
                 Duration::from_secs(30),
+            )?,
+            host_header: match args.host_header.or(file.host_header).as_deref() {
+                None | Some("client") => crate::upstream::HostHeader::Client,
+                Some("upstream") => crate::upstream::HostHeader::Upstream,
+                Some(other) => {
+                    return Err(invalid(
+                        "host-header",
+                        format!("{other:?}: expected \"client\" or \"upstream\""),
+                    ));
+                }
+            },
+            policy_recheck: duration(
+                "policy-recheck",
+                args.policy_recheck.or(file.policy_recheck),
+                crate::policy::reload::RECHECK,
             )?,
         })
     }

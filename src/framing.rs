@@ -49,7 +49,9 @@ enum Phase {
 #[derive(Debug)]
 struct Tracker {
     phase: Phase,
-    line: Vec<u8>,
+    /// Bytes read but not consumed yet: only a partial head or chunk line waits here; body
+    /// bytes are skipped as they arrive.
+    pending: Vec<u8>,
     verdicts: VecDeque<Option<String>>,
 }
 
@@ -81,7 +83,7 @@ impl<IO> FramingGuard<IO> {
     pub fn new(io: IO) -> (Self, Verdicts) {
         let tracker = Verdicts(Arc::new(Mutex::new(Tracker {
             phase: Phase::Head,
-            line: Vec::new(),
+            pending: Vec::new(),
             verdicts: VecDeque::new(),
         })));
         (
@@ -150,83 +152,67 @@ impl<IO: Write + Unpin> Write for FramingGuard<IO> {
     }
 }
 
-/// End (exclusive) of the first empty line at or after `from`: CRLF CRLF, or the bare-LF
-/// form hyper also accepts.
-fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    let tail = buf.get(from..)?;
-    let crlf = tail
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| i + 4);
-    let lf = tail.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
-    let end = match (crlf, lf) {
-        (Some(a), Some(b)) => a.min(b),
-        (a, b) => a.or(b)?,
-    };
-    Some(from + end)
-}
-
 impl Tracker {
-    fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
+    fn feed(&mut self, input: &[u8]) {
+        if matches!(self.phase, Phase::Lost) {
+            return;
+        }
+        self.pending.extend_from_slice(input);
+        let mut pos = 0;
+        while pos < self.pending.len() {
+            let avail = self.pending.len() - pos;
             match self.phase {
-                Phase::Lost => return,
+                Phase::Lost => break,
                 Phase::Head => {
-                    if self.line.is_empty() {
-                        // Empty lines before a request line are ignored (RFC 9112 section 2.2).
-                        let k = bytes
-                            .iter()
-                            .take_while(|&&b| b == b'\r' || b == b'\n')
-                            .count();
-                        bytes = &bytes[k..];
-                        if bytes.is_empty() {
-                            return;
+                    // httparse finds the end of the head exactly as hyper will (leading empty
+                    // lines, bare-LF line ends and all), so the two never disagree on where
+                    // the next message starts.
+                    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    let mut req = httparse::Request::new(&mut headers);
+                    match req.parse(&self.pending[pos..]) {
+                        Ok(httparse::Status::Complete(n)) => {
+                            let verdict = judge(&req);
+                            let next = next_phase(&req);
+                            self.verdicts.push_back(verdict);
+                            self.phase = next;
+                            pos += n;
                         }
+                        Ok(httparse::Status::Partial) if avail <= MAX_HEAD => break,
+                        _ => self.phase = Phase::Lost,
                     }
-                    let before = self.line.len();
-                    self.push_line(bytes);
-                    let Some(end) = head_end(&self.line, before.saturating_sub(3)) else {
-                        return;
-                    };
-                    // The terminator ends in a byte of this read, so `end > before`.
-                    bytes = &bytes[end - before..];
-                    self.line.truncate(end);
-                    let head = std::mem::take(&mut self.line);
-                    self.head(&head);
                 }
                 Phase::Body(left) => {
-                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(bytes.len());
-                    bytes = &bytes[n..];
-                    let left = left - n as u64;
-                    self.phase = if left == 0 {
+                    let n = left.min(avail as u64);
+                    pos += usize::try_from(n).unwrap_or(avail);
+                    self.phase = if left == n {
                         Phase::Head
                     } else {
-                        Phase::Body(left)
+                        Phase::Body(left - n)
                     };
                 }
                 Phase::ChunkSize | Phase::Trailers => {
-                    let Some(nl) = bytes.iter().position(|&b| b == b'\n') else {
-                        self.push_line(bytes);
-                        return;
+                    let Some(nl) = self.pending[pos..].iter().position(|&b| b == b'\n') else {
+                        if avail > MAX_HEAD {
+                            self.phase = Phase::Lost;
+                        }
+                        break;
                     };
-                    self.push_line(&bytes[..=nl]);
-                    bytes = &bytes[nl + 1..];
-                    let line = std::mem::take(&mut self.line);
-                    self.chunk_line(&line);
+                    let line = String::from_utf8_lossy(&self.pending[pos..pos + nl]).into_owned();
+                    pos += nl + 1;
+                    self.chunk_line(line.trim_end_matches('\r'));
                 }
                 Phase::ChunkData(left) => {
-                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(bytes.len());
-                    bytes = &bytes[n..];
-                    let left = left - n as u64;
-                    self.phase = if left == 0 {
+                    let n = left.min(avail as u64);
+                    pos += usize::try_from(n).unwrap_or(avail);
+                    self.phase = if left == n {
                         Phase::ChunkEnd(2)
                     } else {
-                        Phase::ChunkData(left)
+                        Phase::ChunkData(left - n)
                     };
                 }
                 Phase::ChunkEnd(left) => {
-                    let n = usize::from(left).min(bytes.len());
-                    bytes = &bytes[n..];
+                    let n = usize::from(left).min(avail);
+                    pos += n;
                     #[allow(clippy::cast_possible_truncation)]
                     let left = left - n as u8;
                     self.phase = if left == 0 {
@@ -237,84 +223,14 @@ impl Tracker {
                 }
             }
         }
-    }
-
-    fn push_line(&mut self, bytes: &[u8]) {
-        if self.line.len() + bytes.len() > MAX_HEAD {
-            self.phase = Phase::Lost;
-            self.line = Vec::new();
+        if matches!(self.phase, Phase::Lost) {
+            self.pending = Vec::new();
         } else {
-            self.line.extend_from_slice(bytes);
+            self.pending.drain(..pos.min(self.pending.len()));
         }
     }
 
-    fn head(&mut self, head: &[u8]) {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(head) {
-            Ok(httparse::Status::Complete(_)) => {}
-            _ => {
-                self.phase = Phase::Lost;
-                return;
-            }
-        }
-        let mut te = Vec::new();
-        let mut cl = Vec::new();
-        let mut upgrade = req.method == Some("CONNECT");
-        for h in req.headers.iter() {
-            if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                te.push(h.value);
-            } else if h.name.eq_ignore_ascii_case("content-length") {
-                cl.push(h.value);
-            } else if h.name.eq_ignore_ascii_case("upgrade") {
-                upgrade = true;
-            }
-        }
-        let verdict = if !te.is_empty() && !cl.is_empty() {
-            Some("Transfer-Encoding beside Content-Length (request smuggling)".to_owned())
-        } else if te.len() > 1 {
-            Some("more than one Transfer-Encoding header line".to_owned())
-        } else {
-            te.first()
-                .filter(|v| !v.eq_ignore_ascii_case(b"chunked"))
-                .map(|v| {
-                    format!(
-                        "Transfer-Encoding {:?} is not exactly \"chunked\"",
-                        String::from_utf8_lossy(v)
-                    )
-                })
-        };
-        self.verdicts.push_back(verdict);
-        if upgrade {
-            self.phase = Phase::Lost;
-        } else if let Some(v) = te.last() {
-            let chunked = std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.rsplit(',').next())
-                .is_some_and(|s| s.trim().eq_ignore_ascii_case("chunked"));
-            // A final coding other than chunked: hyper refuses it and closes.
-            self.phase = if chunked {
-                Phase::ChunkSize
-            } else {
-                Phase::Lost
-            };
-        } else if let Some(v) = cl.first() {
-            match std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-            {
-                Some(0) => self.phase = Phase::Head,
-                Some(n) => self.phase = Phase::Body(n),
-                None => self.phase = Phase::Lost,
-            }
-        } else {
-            self.phase = Phase::Head;
-        }
-    }
-
-    fn chunk_line(&mut self, line: &[u8]) {
-        let text = String::from_utf8_lossy(line);
-        let text = text.trim_end_matches(['\r', '\n']);
+    fn chunk_line(&mut self, text: &str) {
         if matches!(self.phase, Phase::Trailers) {
             if text.is_empty() {
                 self.phase = Phase::Head;
@@ -330,6 +246,67 @@ impl Tracker {
     }
 }
 
+/// The framing verdict of one request head.
+fn judge(req: &httparse::Request<'_, '_>) -> Option<String> {
+    let te: Vec<&[u8]> = header_values(req, "transfer-encoding").collect();
+    let has_cl = header_values(req, "content-length").next().is_some();
+    if !te.is_empty() && has_cl {
+        return Some("Transfer-Encoding beside Content-Length (request smuggling)".to_owned());
+    }
+    if te.len() > 1 {
+        return Some("more than one Transfer-Encoding header line".to_owned());
+    }
+    te.first()
+        .filter(|v| !v.eq_ignore_ascii_case(b"chunked"))
+        .map(|v| {
+            format!(
+                "Transfer-Encoding {:?} is not exactly \"chunked\"",
+                String::from_utf8_lossy(v)
+            )
+        })
+}
+
+/// Where the body of a request with this head ends, as hyper frames it (RFC 9112 section
+/// 6.3): chunked if the final coding is chunked, else `Content-Length`, else no body.
+fn next_phase(req: &httparse::Request<'_, '_>) -> Phase {
+    if req.method == Some("CONNECT") {
+        return Phase::Lost;
+    }
+    if let Some(v) = header_values(req, "transfer-encoding").last() {
+        let chunked = std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.rsplit(',').next())
+            .is_some_and(|s| s.trim().eq_ignore_ascii_case("chunked"));
+        // A final coding other than chunked: hyper refuses it and closes.
+        return if chunked {
+            Phase::ChunkSize
+        } else {
+            Phase::Lost
+        };
+    }
+    match header_values(req, "content-length").next() {
+        None => Phase::Head,
+        Some(v) => match std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        {
+            Some(0) => Phase::Head,
+            Some(n) => Phase::Body(n),
+            None => Phase::Lost,
+        },
+    }
+}
+
+fn header_values<'a>(
+    req: &'a httparse::Request<'_, '_>,
+    name: &'a str,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    req.headers
+        .iter()
+        .filter(move |h| h.name.eq_ignore_ascii_case(name))
+        .map(|h| h.value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,7 +314,7 @@ mod tests {
     fn verdicts(stream: &[u8], split_every: usize) -> Vec<Option<String>> {
         let mut t = Tracker {
             phase: Phase::Head,
-            line: Vec::new(),
+            pending: Vec::new(),
             verdicts: VecDeque::new(),
         };
         for chunk in stream.chunks(split_every) {
@@ -386,6 +363,23 @@ POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r
         }
         let twice = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
         assert!(verdicts(twice, 9)[0].is_some());
+    }
+
+    /// A bare-LF header line followed by a CRLF empty line: hyper accepts it, so the tracker
+    /// must end the head exactly there (a reviewer's desync case).
+    #[test]
+    fn mixed_line_ends_keep_the_boundaries() {
+        let stream = b"GET /a HTTP/1.1\nHost: x\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\nPOST /c HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        for split in [1, 5, 100] {
+            let v = verdicts(stream, split);
+            assert_eq!(v.len(), 3, "split {split}: {v:?}");
+            assert!(v[0].is_none() && v[1].is_none() && v[2].is_some(), "{v:?}");
+        }
+        // An Upgrade header does not end the tracking (no upgrades are served).
+        let up = b"GET /a HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\nPOST /c HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        let v = verdicts(up, 7);
+        assert_eq!(v.len(), 2);
+        assert!(v[1].is_some());
     }
 
     #[test]

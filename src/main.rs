@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the proxy.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a policy directory offline: exit 0 valid, 1 invalid.
     Check {
         /// The policy directory.
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Check { dir } => check(&dir),
         Command::Explain(args) => explain(&args),
         Command::Demo(args) => runtime().block_on(shedgate::demo::run(args)),

@@ -51,6 +51,8 @@ pub const POLICY_INFO: &str = "shedgate_policy_info";
 pub const POLICY_RELOADS: &str = "shedgate_policy_reloads_total";
 /// 1 when the last policy load succeeded, 0 when it failed (the previous policy stays live).
 pub const POLICY_RELOAD_SUCCESS: &str = "shedgate_policy_reload_success";
+/// Unix time of the last policy load attempt that read new content (success or failure).
+pub const POLICY_LAST_RELOAD: &str = "shedgate_policy_last_reload_timestamp_seconds";
 
 /// Area label for places no configured area covers.
 pub const UNCONFIGURED_AREA: &str = "unconfigured";
@@ -128,6 +130,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         POLICY_RELOAD_SUCCESS,
         "gauge",
         "1 when the last policy load succeeded.",
+    ),
+    (
+        POLICY_LAST_RELOAD,
+        "gauge",
+        "Unix time of the last policy load attempt on new content.",
     ),
 ];
 
@@ -243,6 +250,7 @@ pub struct Metrics {
     reload_success: Counter,
     reload_failure: Counter,
     reload_ok: Gauge,
+    last_reload: Gauge,
     policy_info: std::sync::Mutex<Option<Gauge>>,
 }
 
@@ -292,6 +300,7 @@ impl Metrics {
             reload_success: counter(POLICY_RELOADS, vec![Label::new("outcome", "success")]),
             reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
             reload_ok: gauge(POLICY_RELOAD_SUCCESS),
+            last_reload: gauge(POLICY_LAST_RELOAD),
             policy_info: std::sync::Mutex::new(None),
             recorder,
             handle,
@@ -316,10 +325,12 @@ impl Metrics {
         self.proxy_errors[kind as usize].increment(1);
     }
 
-    /// Records a successful policy load of `version`.
-    pub fn policy_loaded(&self, version: &str) {
+    /// Records a successful policy load of `version` at `now`.
+    pub fn policy_loaded(&self, version: &str, now: crate::admission::UnixMillis) {
         self.reload_success.increment(1);
         self.reload_ok.set(1.0);
+        #[allow(clippy::cast_precision_loss)]
+        self.last_reload.set(now.0 as f64 / 1000.0);
         let gauge = self.recorder.register_gauge(
             &Key::from_parts(POLICY_INFO, vec![Label::new("version", version.to_owned())]),
             &metadata(),
@@ -332,10 +343,17 @@ impl Metrics {
         *info = Some(gauge);
     }
 
-    /// Records a failed policy load.
-    pub fn policy_reload_failed(&self) {
+    /// The files on disk are the live policy again after a failure (restored by hand).
+    pub fn policy_files_match_live(&self) {
+        self.reload_ok.set(1.0);
+    }
+
+    /// Records a failed policy load at `now`.
+    pub fn policy_reload_failed(&self, now: crate::admission::UnixMillis) {
         self.reload_failure.increment(1);
         self.reload_ok.set(0.0);
+        #[allow(clippy::cast_precision_loss)]
+        self.last_reload.set(now.0 as f64 / 1000.0);
     }
 
     /// Records an upstream latency sample.

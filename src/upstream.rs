@@ -49,6 +49,35 @@ pub enum UpstreamOutcome {
     Failed,
 }
 
+/// When the request body finished arriving (for streamed bodies; a buffered body has
+/// finished before forwarding starts). Carried in request extensions; the upstream timeout
+/// and the latency sample start when the body has been sent, so a slow uploader is neither
+/// a 504 nor an upstream latency (it is a 408 when the body read timeout passes).
+#[derive(Debug, Clone, Default)]
+pub struct BodyProgress(std::sync::Arc<std::sync::OnceLock<Instant>>);
+
+impl BodyProgress {
+    /// Marks the body finished now (the first call wins).
+    pub fn finish(&self) {
+        let _ = self.0.set(Instant::now());
+    }
+
+    /// When the body finished, if it has.
+    pub fn finished(&self) -> Option<Instant> {
+        self.0.get().copied()
+    }
+}
+
+/// How the proxy sets `Host` on forwarded requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostHeader {
+    /// Pass the client's `Host` through (virtual hosting upstream still works).
+    #[default]
+    Client,
+    /// Replace it with the upstream URL's authority.
+    Upstream,
+}
+
 /// The request body was not received within the body read timeout.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("request body not received within {0:?}")]
@@ -63,6 +92,7 @@ pub struct Proxy {
     path_prefix: String,
     timeout: Duration,
     body_limit: u64,
+    host: HostHeader,
 }
 
 /// Idle pooled connections are closed after this, below common upstream keep-alive timeouts
@@ -72,12 +102,14 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl Proxy {
     /// A proxy to `upstream` (an `http://` URL; a path is a prefix for every request path).
-    /// `timeout` bounds the wait for response headers. `body_limit` is only reported in 413s.
+    /// `timeout` bounds the wait for response headers once the request body has been sent.
+    /// `body_limit` is only reported in 413s; `host` says how `Host` is forwarded.
     pub fn new(
         upstream: &Uri,
         timeout: Duration,
         connect_timeout: Duration,
         body_limit: u64,
+        host: HostHeader,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -97,6 +129,7 @@ impl Proxy {
             path_prefix: prefix,
             timeout,
             body_limit,
+            host,
         }
     }
 
@@ -149,10 +182,36 @@ impl Proxy {
         if let Some(info) = client {
             add_forwarding_headers(&mut parts.headers, info.peer.ip());
         }
+        if self.host == HostHeader::Upstream
+            && let Ok(v) = HeaderValue::from_str(self.authority.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        let progress = parts.extensions.get::<BodyProgress>().cloned();
         let request = Request::from_parts(parts, body);
         let started = Instant::now();
-        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
-            Err(_) => {
+        let sent = || {
+            progress
+                .as_ref()
+                .map_or(Some(started), BodyProgress::finished)
+        };
+        let call = self.client.request(request);
+        tokio::pin!(call);
+        let result = loop {
+            // The upstream timeout runs from the end of the request body; while the client
+            // is still sending, its body read timeout is what bounds the wait.
+            let deadline = sent().unwrap_or_else(Instant::now) + self.timeout;
+            tokio::select! {
+                r = &mut call => break Ok(r),
+                () = tokio::time::sleep_until(deadline) => {
+                    if sent().is_some_and(|t| t + self.timeout <= Instant::now()) {
+                        break Err(());
+                    }
+                }
+            }
+        };
+        match result {
+            Err(()) => {
                 let mut r = Rejection::GatewayTimeout.into_response();
                 r.extensions_mut().insert(UpstreamOutcome::TimedOut {
                     after: self.timeout,
@@ -161,7 +220,7 @@ impl Proxy {
             }
             Ok(Err(e)) => failed(self.classify(&e)),
             Ok(Ok(response)) => {
-                let latency = started.elapsed();
+                let latency = sent().map_or(Duration::ZERO, |t| t.max(started).elapsed());
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 let mut r =
@@ -220,12 +279,12 @@ pub const HOP_BY_HOP: &[&str] = &[
 
 /// Removes hop-by-hop headers: the standard set and every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Bytes, not `to_str`: a non-UTF-8 value must not hide the tokens beside it.
     let nominated: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
         .collect();
     for name in nominated {
         headers.remove(name);
@@ -239,17 +298,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// `X-Forwarded-Proto`, joining earlier values into one line.
 pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr) {
     let append = |headers: &mut HeaderMap, name: HeaderName, value: String| {
-        let joined: Vec<&str> = headers
-            .get_all(&name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        let line = if joined.is_empty() {
-            value
-        } else {
-            format!("{}, {value}", joined.join(", "))
-        };
-        if let Ok(v) = HeaderValue::try_from(line) {
+        // Earlier hops are kept as bytes (a non-UTF-8 value is not dropped).
+        let mut line: Vec<u8> = Vec::new();
+        for v in &headers.get_all(&name) {
+            line.extend_from_slice(v.as_bytes());
+            line.extend_from_slice(b", ");
+        }
+        line.extend_from_slice(value.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&line) {
             headers.insert(name, v);
         }
     };

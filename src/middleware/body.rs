@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 
 use crate::BoxError;
 use crate::pressure::InflightGuard;
-use crate::upstream::BodyReadTimeout;
+use crate::upstream::{BodyProgress, BodyReadTimeout};
 
 type Inner = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
@@ -22,15 +22,20 @@ pub struct TimedBody {
     inner: Inner,
     limit: Duration,
     deadline: Pin<Box<Sleep>>,
+    progress: BodyProgress,
 }
 
 impl TimedBody {
-    /// Wraps `inner`; the deadline starts now.
-    pub fn new(inner: Inner, limit: Duration) -> Self {
+    /// Wraps `inner`; the deadline starts now. `progress` is marked when the body ends.
+    pub fn new(inner: Inner, limit: Duration, progress: BodyProgress) -> Self {
+        if inner.is_end_stream() {
+            progress.finish();
+        }
         TimedBody {
             inner,
             limit,
             deadline: Box::pin(tokio::time::sleep(limit)),
+            progress,
         }
     }
 }
@@ -53,6 +58,9 @@ impl HttpBody for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if frame.is_none() || this.inner.is_end_stream() {
+                this.progress.finish();
+            }
             return Poll::Ready(frame);
         }
         match this.deadline.as_mut().poll(cx) {

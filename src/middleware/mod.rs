@@ -173,7 +173,9 @@ where
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
             // through, still bounded in size and time.
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
+            let progress = crate::upstream::BodyProgress::default();
+            parts.extensions.insert(progress.clone());
             let body = TimedBody::new(
                 Limited::new(
                     body,
@@ -181,6 +183,7 @@ where
                 )
                 .boxed_unsync(),
                 shared.settings.body_read_timeout,
+                progress,
             )
             .boxed_unsync();
             let req = Request::from_parts(parts, body);

@@ -82,6 +82,39 @@ pub struct AreaSection {
     /// H3 cells at resolution 0..=4 (a coarser cell stands for all its resolution-4 children).
     #[serde(default)]
     pub cells: Vec<CellSpec>,
+    /// A GeoJSON file of Polygons / MultiPolygons, relative to the policy directory.
+    pub geojson: Option<RegionPath>,
+    /// With `geojson`: only the features whose `properties.name` equals this.
+    pub feature: Option<String>,
+}
+
+/// A path to a region file: relative, inside the policy directory (no `..`), so the
+/// directory is the whole policy (what is watched and hashed).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
+pub struct RegionPath(pub String);
+
+impl TryFrom<String> for RegionPath {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let path = std::path::Path::new(&text);
+        let inside = !text.is_empty()
+            && path.is_relative()
+            && path.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::Normal(_) | std::path::Component::CurDir
+                )
+            });
+        if inside {
+            Ok(RegionPath(text))
+        } else {
+            Err(format!(
+                "geojson path {text:?} must be relative and inside the policy directory"
+            ))
+        }
+    }
 }
 
 /// A duration written the humane way (`"30s"`, `"1m 30s"`, `"250ms"`); must be positive.

@@ -3,6 +3,8 @@
 //! (PRODUCT.md "Policy files and hot reload", "Areas").
 
 pub mod file;
+pub mod geo;
+pub mod reload;
 pub mod store;
 
 use std::collections::HashMap;
@@ -261,30 +263,85 @@ pub struct Compiled {
     pub warnings: Vec<Warning>,
 }
 
+/// The raw contents of a policy directory: the two TOML files and every region file
+/// `areas.toml` refers to. Its [`PolicyFiles::version`] is the policy's version, so a reload
+/// can tell "unchanged" without compiling (tiling regions can take a while).
+#[derive(Debug, Clone)]
+pub struct PolicyFiles {
+    dir: PathBuf,
+    streams: String,
+    areas: Option<String>,
+    /// Relative path → contents (or the read error, reported by the area that uses it).
+    regions: std::collections::BTreeMap<String, Result<String, String>>,
+}
+
+impl PolicyFiles {
+    /// Reads `dir`: `streams.toml` (required), `areas.toml` (optional), and the region files
+    /// `areas.toml` names.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when `streams.toml` is missing or a file cannot be read.
+    pub fn read(dir: &Path) -> Result<Self, PolicyError> {
+        let streams_path = dir.join(STREAMS_FILE);
+        let areas_path = dir.join(AREAS_FILE);
+        let streams =
+            std::fs::read_to_string(&streams_path).map_err(|e| io_error(&streams_path, &e))?;
+        let areas = match std::fs::read_to_string(&areas_path) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_error(&areas_path, &e)),
+        };
+        let mut regions = std::collections::BTreeMap::new();
+        // A loose parse just for the region paths; the real parse reports any error.
+        if let Some(af) = areas
+            .as_deref()
+            .and_then(|t| toml::from_str::<AreasFile>(t).ok())
+        {
+            for path in af.areas.iter().filter_map(|a| a.geojson.as_ref()) {
+                regions.entry(path.0.clone()).or_insert_with(|| {
+                    std::fs::read_to_string(dir.join(&path.0)).map_err(|e| e.to_string())
+                });
+            }
+        }
+        Ok(PolicyFiles {
+            dir: dir.to_owned(),
+            streams,
+            areas,
+            regions,
+        })
+    }
+
+    /// Content hash: the first 12 hex digits of SHA-256 over each file's name and bytes.
+    /// Equal contents give equal versions.
+    pub fn version(&self) -> String {
+        let mut hasher = Sha256::new();
+        let mut add = |name: &str, text: &str| {
+            hasher.update((name.len() as u64).to_le_bytes());
+            hasher.update(name);
+            hasher.update((text.len() as u64).to_le_bytes());
+            hasher.update(text);
+        };
+        add(STREAMS_FILE, &self.streams);
+        if let Some(areas) = &self.areas {
+            add(AREAS_FILE, areas);
+        }
+        for (path, text) in &self.regions {
+            add(path, text.as_deref().unwrap_or("<unreadable>"));
+        }
+        let digest = hasher.finalize();
+        digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
 /// Reads and compiles the policy in `dir`.
 ///
 /// # Errors
 /// [`PolicyError`] naming the file (and line and field where it can) for an unreadable or
 /// missing `streams.toml`, a TOML syntax error, an unknown field, a value out of range, or a
-/// cross-field problem (duplicate area names, overlapping pointers, an area without cells, a
-/// disabled `never` stream).
+/// cross-field problem (duplicate area names, overlapping pointers, an area without cells or
+/// a region that covers nothing, a disabled `never` stream).
 pub fn load_dir(dir: &Path) -> Result<Compiled, PolicyError> {
-    let streams_path = dir.join(STREAMS_FILE);
-    let areas_path = dir.join(AREAS_FILE);
-    let streams_text = read_file(&streams_path)?;
-    let areas_text = match std::fs::read_to_string(&areas_path) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error(&areas_path, &e)),
-    };
-    compile(
-        (&streams_path, &streams_text),
-        areas_text.as_deref().map(|t| (areas_path.as_path(), t)),
-    )
-}
-
-fn read_file(path: &Path) -> Result<String, PolicyError> {
-    std::fs::read_to_string(path).map_err(|e| io_error(path, &e))
+    compile(&PolicyFiles::read(dir)?)
 }
 
 fn io_error(path: &Path, e: &std::io::Error) -> PolicyError {
@@ -298,22 +355,22 @@ fn io_error(path: &Path, e: &std::io::Error) -> PolicyError {
     }
 }
 
-/// Compiles policy file contents. `areas` is `None` when there is no area file.
+/// Compiles a policy directory's contents.
 ///
 /// # Errors
 /// As [`load_dir`].
-pub fn compile(
-    streams: (&Path, &str),
-    areas_file: Option<(&Path, &str)>,
-) -> Result<Compiled, PolicyError> {
-    let (streams_path, streams_text) = streams;
+pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
+    let streams_path = files.dir.join(STREAMS_FILE);
+    let streams_path = streams_path.as_path();
+    let streams_text = files.streams.as_str();
+    let areas_path = files.dir.join(AREAS_FILE);
     let mut warnings = Vec::new();
     let sf: StreamsFile = parse_toml(streams_path, streams_text)?;
-    let af: AreasFile = match areas_file {
-        Some((path, text)) => parse_toml(path, text)?,
+    let af: AreasFile = match &files.areas {
+        Some(text) => parse_toml(&areas_path, text)?,
         None => {
             warnings.push(Warning {
-                file: streams_path.with_file_name(AREAS_FILE),
+                file: areas_path.clone(),
                 message: "no areas file: every place has the default rank, so pressure sheds \
                           all areas alike"
                     .into(),
@@ -324,10 +381,6 @@ pub fn compile(
             }
         }
     };
-    let areas_path = areas_file.map_or_else(
-        || streams_path.with_file_name(AREAS_FILE),
-        |a| a.0.to_owned(),
-    );
 
     let at = |path: &Path, field: String, message: String| PolicyError {
         location: Location {
@@ -373,6 +426,13 @@ pub fn compile(
                 "a stream name must be non-empty printable ASCII without spaces (it is matched \
                  against a header value)"
                     .into(),
+            ));
+        }
+        if name == crate::metrics::UNKNOWN_STREAM {
+            return Err(at(
+                streams_path,
+                format!("streams.{name:?}"),
+                format!("stream name {name:?} is reserved for streams the policy does not name"),
             ));
         }
         let enabled = s.enabled.unwrap_or(true);
@@ -430,6 +490,7 @@ pub fn compile(
     }
 
     let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
+    let mut parsed_regions: HashMap<String, geo::Regions> = HashMap::new();
     let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
     let mut cells: HashMap<u64, AreaId> = HashMap::new();
     for (i, a) in af.areas.into_iter().enumerate() {
@@ -467,35 +528,85 @@ pub fn compile(
                 format!("duplicate area name {:?}", a.name),
             ));
         }
-        if a.cells.is_empty() {
+        if a.cells.is_empty() && a.geojson.is_none() {
             return Err(at(
                 &areas_path,
                 field("cells"),
-                format!("area {:?} has no cells: it would cover nothing", a.name),
+                format!(
+                    "area {:?} has neither cells nor geojson: it would cover nothing",
+                    a.name
+                ),
             ));
         }
+        if a.feature.is_some() && a.geojson.is_none() {
+            return Err(at(
+                &areas_path,
+                field("feature"),
+                "`feature` selects features of a `geojson` file; this area has none".into(),
+            ));
+        }
+        let mut region_cells = Vec::new();
+        if let Some(path) = &a.geojson {
+            let text = match files.regions.get(&path.0) {
+                Some(Ok(text)) => text,
+                Some(Err(e)) => {
+                    return Err(at(
+                        &areas_path,
+                        field("geojson"),
+                        format!("{}: cannot read: {e}", path.0),
+                    ));
+                }
+                None => {
+                    return Err(at(
+                        &areas_path,
+                        field("geojson"),
+                        format!("{}: not read", path.0),
+                    ));
+                }
+            };
+            let regions = match parsed_regions.entry(path.0.clone()) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let parsed = geo::Regions::parse(text).map_err(|err| {
+                        at(&areas_path, field("geojson"), format!("{}: {err}", path.0))
+                    })?;
+                    e.insert(parsed)
+                }
+            };
+            region_cells = geo::tile(regions, a.feature.as_deref()).map_err(|err| {
+                at(
+                    &areas_path,
+                    field("geojson"),
+                    format!("area {:?} from {}: {err}", a.name, path.0),
+                )
+            })?;
+        }
         let id = AreaId(u32::try_from(i).unwrap_or(u32::MAX));
-        let mut count = 0usize;
+        let mut own: std::collections::HashSet<u64> = std::collections::HashSet::new();
         let mut overlaps: HashMap<AreaId, usize> = HashMap::new();
-        for spec in &a.cells {
-            for cell in spec.0.children(AREA_RESOLUTION) {
-                count += 1;
-                let key = u64::from(cell);
-                match cells.get(&key).copied() {
-                    None => {
+        let explicit = a
+            .cells
+            .iter()
+            .flat_map(|spec| spec.0.children(AREA_RESOLUTION));
+        for cell in explicit.chain(region_cells) {
+            let key = u64::from(cell);
+            if !own.insert(key) {
+                continue;
+            }
+            match cells.get(&key).copied() {
+                None => {
+                    cells.insert(key, id);
+                }
+                Some(other) => {
+                    *overlaps.entry(other).or_default() += 1;
+                    // The most important (lowest) rank wins.
+                    if a.rank < areas[other.index()].rank {
                         cells.insert(key, id);
-                    }
-                    Some(other) if other == id => {}
-                    Some(other) => {
-                        *overlaps.entry(other).or_default() += 1;
-                        // The most important (lowest) rank wins.
-                        if a.rank < areas[other.index()].rank {
-                            cells.insert(key, id);
-                        }
                     }
                 }
             }
         }
+        let count = own.len();
         let mut overlaps: Vec<_> = overlaps.into_iter().collect();
         overlaps.sort_by_key(|(other, _)| other.0);
         for (other, n) in overlaps {
@@ -531,15 +642,7 @@ pub fn compile(
         });
     }
 
-    let mut hasher = Sha256::new();
-    hasher.update(STREAMS_FILE);
-    hasher.update(streams_text);
-    if let Some((_, text)) = areas_file {
-        hasher.update(AREAS_FILE);
-        hasher.update(text);
-    }
-    let digest = hasher.finalize();
-    let version: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let version = files.version();
 
     Ok(Compiled {
         policy: Policy {
@@ -615,8 +718,12 @@ mod tests {
     use super::*;
 
     fn compile_str(streams: &str, areas: &str) -> Result<Compiled, PolicyError> {
-        let areas = (!areas.is_empty()).then_some((Path::new("p/areas.toml"), areas));
-        compile((Path::new("p/streams.toml"), streams), areas)
+        compile(&PolicyFiles {
+            dir: PathBuf::from("p"),
+            streams: streams.to_owned(),
+            areas: (!areas.is_empty()).then(|| areas.to_owned()),
+            regions: std::collections::BTreeMap::new(),
+        })
     }
 
     const STREAMS: &str = r#"

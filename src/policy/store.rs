@@ -1,22 +1,62 @@
-//! The live policy: an `ArcSwap` of compiled snapshots. A reload compiles first and swaps
-//! atomically; a failed reload keeps the last good snapshot (PRODUCT.md "Policy files and
-//! hot reload"). Each request loads one snapshot and keeps it to its end.
+//! The live policy: an `ArcSwap` of compiled snapshots. A reload reads and compiles first and
+//! swaps atomically; a failed reload keeps the last good snapshot (PRODUCT.md "Policy files
+//! and hot reload"). Each request loads one snapshot and keeps it to its end.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use serde::Serialize;
 
-use super::{Policy, PolicyError, Warning, load_dir};
+use super::{PolicyError, PolicyFiles, Warning, compile};
+use crate::admission::UnixMillis;
 use crate::metrics::{Metrics, PolicyMetrics};
 
-/// A compiled policy with its pre-registered metric handles.
+/// A compiled policy with its metric handles.
 #[derive(Debug)]
 pub struct Snapshot {
     /// The policy.
-    pub policy: Policy,
+    pub policy: super::Policy,
     /// Its metric handles, registered lazily per label set.
     pub metrics: PolicyMetrics,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum ReloadOutcome {
+    /// The files hash to the live version: nothing to do.
+    Unchanged {
+        /// The live version.
+        version: String,
+    },
+    /// A new policy is live.
+    Swapped {
+        /// The version replaced.
+        from: String,
+        /// The version now live.
+        to: String,
+    },
+    /// The files do not compile; the previous policy stays live.
+    Failed {
+        /// The version still live.
+        live: String,
+        /// File, line, field and what is wrong.
+        error: String,
+    },
+}
+
+/// The last reload attempt, for `GET /policy`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReloadStatus {
+    /// The last error, while the files do not compile.
+    pub last_error: Option<String>,
+    /// When the last reload attempt that read new content ended, unix milliseconds.
+    pub last_attempt_unix_ms: Option<i64>,
+    /// Version of the files last seen failing (so a periodic re-check does not recompile
+    /// and re-log the same broken content).
+    #[serde(skip)]
+    failed_version: Option<String>,
 }
 
 /// The live policy of one proxy.
@@ -25,7 +65,9 @@ pub struct PolicyStore {
     dir: PathBuf,
     live: ArcSwap<Snapshot>,
     metrics: Arc<Metrics>,
-    last_error: Mutex<Option<String>>,
+    status: Mutex<ReloadStatus>,
+    /// Serialises reloads (watcher, SIGHUP, admin) so two compiles never race to swap.
+    reloading: Mutex<()>,
 }
 
 impl PolicyStore {
@@ -34,18 +76,22 @@ impl PolicyStore {
     /// # Errors
     /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy.
     pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<(Self, Vec<Warning>), PolicyError> {
-        let compiled = load_dir(dir)?;
+        let compiled = compile(&PolicyFiles::read(dir)?)?;
         let snapshot = Snapshot {
             metrics: PolicyMetrics::new(&metrics, &compiled.policy),
             policy: compiled.policy,
         };
-        metrics.policy_loaded(snapshot.policy.version());
+        metrics.policy_loaded(snapshot.policy.version(), UnixMillis::now());
         Ok((
             PolicyStore {
                 dir: dir.to_owned(),
                 live: ArcSwap::from_pointee(snapshot),
                 metrics,
-                last_error: Mutex::new(None),
+                status: Mutex::new(ReloadStatus {
+                    last_attempt_unix_ms: Some(UnixMillis::now().0),
+                    ..ReloadStatus::default()
+                }),
+                reloading: Mutex::new(()),
             },
             compiled.warnings,
         ))
@@ -61,35 +107,87 @@ impl PolicyStore {
         &self.dir
     }
 
-    /// The last reload error, if the last reload failed.
+    /// The last reload error, while the files on disk do not compile.
     pub fn last_error(&self) -> Option<String> {
-        self.last_error.lock().map(|e| e.clone()).unwrap_or(None)
+        self.status().last_error
     }
 
-    /// Re-reads the directory; swaps in the new policy if it compiles, keeps the old one if
-    /// not. Returns the live snapshot after the attempt.
-    ///
-    /// # Errors
-    /// The [`PolicyError`] of a policy that did not compile (the previous one stays live).
-    pub fn reload(&self) -> Result<Arc<Snapshot>, PolicyError> {
-        let result = load_dir(&self.dir);
-        let mut last_error = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
-        match result {
+    /// The last reload attempt.
+    pub fn status(&self) -> ReloadStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Re-reads the directory and swaps in the new policy if its content changed and it
+    /// compiles. Content equal to the live version is `Unchanged`; content equal to the last
+    /// failed attempt is reported failed again without recompiling, unless `force`.
+    /// Blocking (it may tile regions): call it off the async runtime's worker threads.
+    pub fn reload(&self, force: bool) -> ReloadOutcome {
+        let _serial = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let live = self.live.load().policy.version().to_owned();
+        let files = match PolicyFiles::read(&self.dir) {
+            Ok(files) => files,
+            Err(e) => return self.failed(live, None, &e),
+        };
+        let version = files.version();
+        if version == live {
+            let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            if status.last_error.take().is_some() {
+                // The files were put back as the live policy has them: nothing is broken.
+                self.metrics.policy_files_match_live();
+            }
+            status.failed_version = None;
+            return ReloadOutcome::Unchanged { version };
+        }
+        if !force {
+            let status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            if status.failed_version.as_deref() == Some(version.as_str()) {
+                return ReloadOutcome::Failed {
+                    live,
+                    error: status.last_error.clone().unwrap_or_default(),
+                };
+            }
+        }
+        match compile(&files) {
             Ok(compiled) => {
+                for w in &compiled.warnings {
+                    tracing::warn!("{w}");
+                }
                 let snapshot = Arc::new(Snapshot {
                     metrics: PolicyMetrics::new(&self.metrics, &compiled.policy),
                     policy: compiled.policy,
                 });
                 self.live.store(Arc::clone(&snapshot));
-                self.metrics.policy_loaded(snapshot.policy.version());
-                *last_error = None;
-                Ok(snapshot)
+                let now = UnixMillis::now();
+                self.metrics.policy_loaded(&version, now);
+                let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+                *status = ReloadStatus {
+                    last_error: None,
+                    last_attempt_unix_ms: Some(now.0),
+                    failed_version: None,
+                };
+                tracing::info!(from = %live, to = %version, "policy reloaded");
+                ReloadOutcome::Swapped {
+                    from: live,
+                    to: version,
+                }
             }
-            Err(e) => {
-                self.metrics.policy_reload_failed();
-                *last_error = Some(e.to_string());
-                Err(e)
-            }
+            Err(e) => self.failed(live, Some(version), &e),
+        }
+    }
+
+    fn failed(&self, live: String, version: Option<String>, e: &PolicyError) -> ReloadOutcome {
+        let now = UnixMillis::now();
+        self.metrics.policy_reload_failed(now);
+        tracing::error!(error = %e, live_version = %live, "policy reload failed; the previous policy stays live");
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        *status = ReloadStatus {
+            last_error: Some(e.to_string()),
+            last_attempt_unix_ms: Some(now.0),
+            failed_version: version,
+        };
+        ReloadOutcome::Failed {
+            live,
+            error: e.to_string(),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Integration tests: the proxy over real loopback sockets in front of a real mock upstream.
 
 mod cases;
+mod geography;
+mod reload;
 mod support;
 
 use std::time::Duration;
@@ -712,4 +714,72 @@ fn readme_lists_every_metric() {
             "README misses {name}"
         );
     }
+}
+
+/// A never-stream client that stalls mid-body longer than the upstream timeout gets 408
+/// (its own fault), not 504, and its upload time is no upstream latency sample.
+#[tokio::test]
+async fn slow_never_stream_body_is_408_not_504() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+        a.body_read_timeout = Some("1s".into());
+        a.upstream_timeout = Some("200ms".into());
+        a.latency_target = Some("50ms".into());
+    })
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    let head = "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: feature.boundary_edit\r\nContent-Length: 100\r\n\r\n";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(b"{\"lat\":").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_proxy_errors_total",
+            &[("kind", "gateway_timeout")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_proxy_errors_total",
+            &[("kind", "body_timeout")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn host_header_can_be_the_upstreams() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+        a.host_header = Some("upstream".into());
+    })
+    .await;
+    let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+        .header("x-stream", "dlq.replay")
+        .header("host", "ingest.example.test")
+        .body(Full::new(Bytes::from(event(BERLIN, 0))))
+        .unwrap();
+    assert_eq!(send(req).await.status, StatusCode::OK);
+    assert_eq!(
+        upstream.last().headers["host"],
+        upstream.addr.to_string().as_str()
+    );
 }

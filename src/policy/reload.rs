@@ -1,0 +1,209 @@
+//! Reload triggers: a watcher on the policy directory, SIGHUP, and a periodic re-check
+//! (PRODUCT.md "Policy files and hot reload"). `POST /reload` on the admin listener is the
+//! fourth, in `admin`.
+//!
+//! The watcher watches the directory (recursively), never the files: a Kubernetes ConfigMap
+//! update is an atomic swap of the `..data` symlink, whose events name no policy file, and an
+//! editor's save-by-rename replaces the file a file watch would be attached to. Any event
+//! under the directory starts a debounce; once the directory has been quiet for
+//! [`DEBOUNCE`] and its content hashes the same twice [`SETTLE`] apart, it is reloaded if
+//! the content changed (FIELD-NOTES "notify"). A periodic re-check is the safety net for
+//! events a watcher misses (a directory deleted and re-created kills an inotify watch
+//! silently), and re-creates the watcher when it died.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{mpsc, watch};
+
+use super::PolicyFiles;
+use super::store::{PolicyStore, ReloadOutcome};
+
+/// Quiet time after the last file event before reading.
+pub const DEBOUNCE: Duration = Duration::from_millis(250);
+/// Interval between the two reads that must agree before compiling.
+pub const SETTLE: Duration = Duration::from_millis(100);
+/// Longest wait for a quiet directory.
+pub const MAX_QUIET_WAIT: Duration = Duration::from_secs(5);
+/// Default safety-net re-check interval.
+pub const RECHECK: Duration = Duration::from_secs(10);
+
+/// Why a reload runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A file event (debounced).
+    Watch,
+    /// SIGHUP.
+    Signal,
+    /// The periodic re-check.
+    Periodic,
+    /// `POST /reload`.
+    Admin,
+}
+
+/// Reloads off the async worker threads (compiling may tile regions for seconds).
+pub async fn reload(store: &Arc<PolicyStore>, trigger: Trigger) -> ReloadOutcome {
+    let store = Arc::clone(store);
+    let force = matches!(trigger, Trigger::Signal | Trigger::Admin);
+    match tokio::task::spawn_blocking(move || store.reload(force)).await {
+        Ok(outcome) => outcome,
+        Err(e) => ReloadOutcome::Failed {
+            live: String::new(),
+            error: format!("reload task failed: {e}"),
+        },
+    }
+}
+
+/// Starts the watcher now (so that no save after this call is missed), then spawns the task
+/// that runs it, the SIGHUP handler and the periodic re-check until `shutdown`.
+pub fn spawn(
+    store: Arc<PolicyStore>,
+    recheck_every: Duration,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let (tx, rx) = mpsc::unbounded_channel::<()>();
+    let watcher = start_watcher(store.dir(), &tx);
+    // Anything saved between the first load and the watch is caught by one check at once.
+    let _ = tx.send(());
+    tokio::spawn(run(store, recheck_every, shutdown, (tx, rx), watcher))
+}
+
+async fn run(
+    store: Arc<PolicyStore>,
+    recheck_every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    (tx, mut rx): (mpsc::UnboundedSender<()>, mpsc::UnboundedReceiver<()>),
+    mut watcher: Option<DirWatcher>,
+) {
+    let dir = store.dir().to_owned();
+    let mut recheck = tokio::time::interval(recheck_every);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    recheck.tick().await;
+    let mut hup = hangup();
+    loop {
+        let trigger = tokio::select! {
+            Some(()) = rx.recv() => Trigger::Watch,
+            _ = recheck.tick() => Trigger::Periodic,
+            () = next_hangup(&mut hup) => Trigger::Signal,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        match trigger {
+            Trigger::Watch => {
+                settle(&store, &mut rx).await;
+            }
+            Trigger::Periodic if watcher.as_ref().is_none_or(|w| w.dead()) => {
+                tracing::warn!(dir = %dir.display(), "policy watcher is not running; starting it again");
+                watcher = start_watcher(&dir, &tx);
+            }
+            _ => {}
+        }
+        let outcome = reload(&store, trigger).await;
+        if let ReloadOutcome::Swapped { .. } | ReloadOutcome::Failed { .. } = &outcome {
+            tracing::debug!(?trigger, ?outcome, "policy reload");
+        }
+    }
+}
+
+/// Waits until the directory is quiet and its content stable.
+async fn settle(store: &PolicyStore, rx: &mut mpsc::UnboundedReceiver<()>) {
+    // Quiet period: restart the wait on every further event, for at most MAX_QUIET_WAIT (a
+    // file written to continuously must not postpone the reload forever).
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < MAX_QUIET_WAIT
+        && matches!(
+            tokio::time::timeout(DEBOUNCE, rx.recv()).await,
+            Ok(Some(()))
+        )
+    {}
+    // Stable content: two reads SETTLE apart agree (a save in progress does not).
+    for _ in 0..20 {
+        let a = fingerprint(store.dir().to_owned()).await;
+        tokio::time::sleep(SETTLE).await;
+        let b = fingerprint(store.dir().to_owned()).await;
+        while rx.try_recv().is_ok() {}
+        if a == b {
+            return;
+        }
+    }
+}
+
+async fn fingerprint(dir: PathBuf) -> Option<String> {
+    tokio::task::spawn_blocking(move || PolicyFiles::read(&dir).ok().map(|f| f.version()))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A running directory watcher; it notes when notify reports an error.
+struct DirWatcher {
+    _watcher: notify::RecommendedWatcher,
+    dead: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DirWatcher {
+    fn dead(&self) -> bool {
+        self.dead.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn start_watcher(dir: &std::path::Path, tx: &mpsc::UnboundedSender<()>) -> Option<DirWatcher> {
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&dead);
+    let tx = tx.clone();
+    let root = dir.to_owned();
+    let handler = move |event: notify::Result<notify::Event>| match event {
+        Ok(event) => {
+            // The directory itself removed: this watch is over; the re-check restarts it.
+            if event.kind.is_remove() && event.paths.iter().any(|p| p == &root) {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            let _ = tx.send(());
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "policy watcher error");
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    match notify::recommended_watcher(handler) {
+        Ok(mut w) => match w.watch(dir, RecursiveMode::Recursive) {
+            Ok(()) => Some(DirWatcher { _watcher: w, dead }),
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the policy directory");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start a file watcher");
+            None
+        }
+    }
+}
+
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<()>;
+
+fn hangup() -> Hangup {
+    #[cfg(unix)]
+    {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+async fn next_hangup(hup: &mut Hangup) {
+    #[cfg(unix)]
+    if let Some(s) = hup
+        && s.recv().await.is_some()
+    {
+        return;
+    }
+    let _ = hup;
+    std::future::pending::<()>().await;
+}

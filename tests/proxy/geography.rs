@@ -1,0 +1,164 @@
+//! Areas drawn as GeoJSON regions, with real geography (Natural Earth country outlines).
+
+use std::path::Path;
+
+use geo::Contains;
+use shedgate::policy;
+
+use super::support::*;
+
+fn countries_text() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("data/countries.geojson"))
+        .unwrap()
+}
+
+/// The outline of one country as geo types.
+fn outline(name: &str) -> geo::MultiPolygon<f64> {
+    let doc: geojson::FeatureCollection = countries_text().parse().unwrap();
+    let f = doc
+        .features
+        .into_iter()
+        .find(|f| f.property("name").and_then(|v| v.as_str()) == Some(name))
+        .unwrap();
+    let value = f.geometry.unwrap().value;
+    match &value {
+        geojson::GeometryValue::Polygon { .. } => {
+            geo::MultiPolygon(vec![geo::Polygon::try_from(&value).unwrap()])
+        }
+        _ => geo::MultiPolygon::try_from(&value).unwrap(),
+    }
+}
+
+/// A policy directory holding countries.geojson and the given areas.toml.
+fn country_policy(areas: &str) -> PolicyDir {
+    let dir = PolicyDir::new(SEED_STREAMS, Some(areas));
+    std::fs::create_dir_all(dir.path().join("areas")).unwrap();
+    std::fs::write(dir.path().join("areas/countries.geojson"), countries_text()).unwrap();
+    dir
+}
+
+/// Uniform points in a bounding box that fall inside `shape`, from a fixed seed.
+fn points_inside(shape: &geo::MultiPolygon<f64>, n: usize, seed: u64) -> Vec<(f64, f64)> {
+    use geo::BoundingRect;
+    let bbox = shape.bounding_rect().unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut out = Vec::new();
+    while out.len() < n {
+        let lon = bbox.min().x + rng.f64() * bbox.width();
+        let lat = bbox.min().y + rng.f64() * bbox.height();
+        if shape.contains(&geo::Point::new(lon, lat)) {
+            out.push((lat, lon));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_point_inside_germany_gets_germanys_rank() {
+    let dir = country_policy(
+        "default_rank = 50\n[[areas]]\nname = \"germany\"\nrank = 7\ngeojson = \"areas/countries.geojson\"\nfeature = \"Germany\"\n",
+    );
+    let p = policy::load_dir(dir.path()).unwrap().policy;
+    let germany = outline("Germany");
+    for (lat, lon) in points_inside(&germany, 2000, 1).into_iter().chain([
+        BERLIN,
+        MUNICH,
+        (53.55, 9.99),
+        (51.15, 14.99),
+        (47.56, 7.59),
+    ]) {
+        let (area, rank) = p.area_at(lat, lon);
+        assert_eq!(
+            rank.get(),
+            7,
+            "({lat}, {lon}) inside Germany got rank {rank}"
+        );
+        assert_eq!(p.area(area.unwrap()).name, "germany");
+    }
+    // Far outside: the default rank.
+    for (lat, lon) in [(30.0, -40.0), (-33.87, 151.21), (40.71, -74.0)] {
+        assert_eq!(p.area_at(lat, lon), (None, p.default_rank()));
+    }
+}
+
+#[test]
+fn fiji_on_both_sides_of_the_antimeridian() {
+    let dir = country_policy(
+        "[[areas]]\nname = \"fiji\"\nrank = 3\ngeojson = \"areas/countries.geojson\"\nfeature = \"Fiji\"\n",
+    );
+    let p = policy::load_dir(dir.path()).unwrap().policy;
+    let fiji = outline("Fiji");
+    let points = points_inside(&fiji, 300, 2);
+    assert!(
+        points.iter().any(|(_, lon)| *lon > 179.0),
+        "samples east of 179"
+    );
+    assert!(
+        points.iter().any(|(_, lon)| *lon < -179.0),
+        "samples west of -179"
+    );
+    for (lat, lon) in points {
+        assert_eq!(p.area_at(lat, lon).1.get(), 3, "({lat}, {lon}) inside Fiji");
+    }
+    // Suva, and Taveuni's east coast across the line.
+    assert_eq!(p.area_at(-18.14, 178.44).1.get(), 3);
+}
+
+#[test]
+fn every_country_outline_compiles_as_a_policy() {
+    let doc: geojson::FeatureCollection = countries_text().parse().unwrap();
+    let mut areas = String::from("default_rank = 50\n");
+    for (i, f) in doc.features.iter().enumerate() {
+        let name = f.property("name").and_then(|v| v.as_str()).unwrap();
+        let label: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        areas.push_str(&format!(
+            "[[areas]]\nname = \"{label}-{i}\"\nrank = {}\ngeojson = \"areas/countries.geojson\"\nfeature = {:?}\n",
+            1 + i % 100,
+            name
+        ));
+    }
+    let dir = country_policy(&areas);
+    let c = policy::load_dir(dir.path()).unwrap();
+    assert_eq!(c.policy.areas().len(), doc.features.len());
+    assert!(c.policy.areas().iter().all(|a| a.cells > 0));
+    // Neighbours share border cells: check reports those overlaps.
+    assert!(c.warnings.iter().any(|w| w.message.contains("overlap")));
+    // Land covers tens of thousands of resolution-4 cells.
+    assert!(c.policy.cell_count() > 50_000, "{}", c.policy.cell_count());
+}
+
+#[test]
+fn region_errors_are_refused_with_the_area_named() {
+    for (areas, expect) in [
+        (
+            "[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"areas/countries.geojson\"\nfeature = \"Atlantis\"\n",
+            "Atlantis",
+        ),
+        (
+            "[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"areas/missing.geojson\"\n",
+            "missing.geojson",
+        ),
+        (
+            "[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"../etc/passwd\"\n",
+            "inside the policy directory",
+        ),
+        (
+            "[[areas]]\nname = \"x\"\nrank = 5\n",
+            "neither cells nor geojson",
+        ),
+    ] {
+        let dir = country_policy(areas);
+        let e = policy::load_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(expect), "{e}");
+        assert!(e.contains("areas.toml"), "{e}");
+    }
+}
