@@ -186,6 +186,12 @@ impl Policy {
         self.cells.len()
     }
 
+    /// Bytes held by the cell table, estimated from its capacity: each slot holds a `u64`
+    /// cell and a `u32` area id (16 bytes with padding) plus one control byte (hashbrown).
+    pub fn cell_table_bytes(&self) -> usize {
+        self.cells.capacity() * (std::mem::size_of::<(u64, AreaId)>() + 1)
+    }
+
     /// The area and rank at validated coordinates (degrees; the caller checked the ranges,
     /// see [`crate::admission::Coordinates::new`]). Unconfigured places get
     /// `(None, default_rank)`.

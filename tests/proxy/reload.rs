@@ -356,3 +356,81 @@ async fn replacing_the_policy_under_load_fails_no_request() {
     );
     assert_eq!(failures(&proxy).await, 0.0);
 }
+
+/// The country-outline policy and a 100,000-cell policy compile and swap in while traffic
+/// flows: no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_policies_swap_under_load_without_failures() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let countries_text = std::fs::read_to_string(root.join("data/countries.geojson")).unwrap();
+    let doc: geojson::FeatureCollection = countries_text.parse().unwrap();
+    let mut countries = String::from("default_rank = 50\n");
+    for (i, f) in doc.features.iter().enumerate() {
+        let name = f.property("name").and_then(|v| v.as_str()).unwrap();
+        countries.push_str(&format!(
+            "[[areas]]\nname = \"c{i}\"\nrank = {}\ngeojson = \"countries.geojson\"\nfeature = {name:?}\n",
+            1 + i % 100
+        ));
+    }
+    // ~100,000 resolution-4 cells, written as 2,041 resolution-2 cells (49 children each).
+    let res2: Vec<String> = h3o::CellIndex::base_cells()
+        .flat_map(|b| b.children(h3o::Resolution::Two))
+        .take(2041)
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    let big = format!(
+        "[[areas]]\nname = \"big\"\nrank = 30\ncells = [{}]\n",
+        res2.join(",")
+    );
+    let policy = PolicyDir::seed();
+    std::fs::write(policy.path().join("countries.geojson"), countries_text).unwrap();
+    let upstream = MockUpstream::start().await;
+    let proxy = Arc::new(spawn_proxy(&upstream.url(), policy.path()).await);
+    pin(&proxy, 0.9).await;
+    let done = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for c in 0..3 {
+        let (proxy, done) = (Arc::clone(&proxy), Arc::clone(&done));
+        clients.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            // Bounded: stops when the swaps are done, or after 3,000 requests.
+            while done.load(Ordering::Relaxed) == 0 && n < 3000 {
+                let stream = if (c + n) % 2 == 0 {
+                    "geofence.transition"
+                } else {
+                    "vehicle.position"
+                };
+                let a = post(&proxy, stream, event(MUNICH, 0)).await;
+                assert!(
+                    a.status == StatusCode::OK || a.status == StatusCode::SERVICE_UNAVAILABLE,
+                    "request failed: {} {:?}",
+                    a.status,
+                    a.body
+                );
+                if stream == "geofence.transition" {
+                    assert_eq!(a.status, StatusCode::OK);
+                }
+                n += 1;
+            }
+            n
+        }));
+    }
+    for areas in [&countries, &big, BERLIN_AREA, &countries] {
+        let tmp = policy.path().join(".areas.tmp");
+        std::fs::write(&tmp, areas).unwrap();
+        std::fs::rename(&tmp, policy.path().join("areas.toml")).unwrap();
+        let req = Request::post(format!("http://{}/reload", proxy.admin_addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let a = send(req).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    }
+    assert!(live_policy(&proxy).await["cells"].as_u64().unwrap() > 50_000);
+    done.store(1, Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        total += c.await.unwrap();
+    }
+    assert!(total > 0);
+    assert_eq!(failures(&proxy).await, 0.0);
+}
