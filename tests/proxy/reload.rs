@@ -395,7 +395,7 @@ async fn large_policies_swap_under_load_without_failures() {
             let mut n = 0u32;
             // Bounded: stops when the swaps are done, or after 3,000 requests.
             while done.load(Ordering::Relaxed) == 0 && n < 3000 {
-                let stream = if (c + n) % 2 == 0 {
+                let stream = if (c + n).is_multiple_of(2) {
                     "geofence.transition"
                 } else {
                     "vehicle.position"
