@@ -48,10 +48,12 @@ fn bench(c: &mut Criterion) {
             let snapshot = store.load();
             let policy = &snapshot.policy;
             let stream = policy.stream(black_box("vehicle.position"));
-            let facts = policy
+            let body = policy
                 .stream_policy(stream.unwrap())
                 .extractor
                 .extract(black_box(&body));
+            let events: Vec<_> = body.events.iter().map(|e| (stream, e)).collect();
+            let (stream, facts) = admission::summarise(policy, body.body, &events);
             let d = admission::decide(policy, stream, &facts, now, pressure, black_box(0.3));
             snapshot.metrics.shed(stream, d.area, d.verdict);
             snapshot
@@ -64,7 +66,7 @@ fn bench(c: &mut Criterion) {
     let policy = policy::load_dir(&dir).unwrap().policy;
     let extractor = admission::Extractor::default();
     c.bench_function("part/extract-3-fields", |b| {
-        b.iter(|| black_box(extractor.extract(black_box(&body))));
+        b.iter(|| black_box(extractor.extract_one(black_box(&body))));
     });
     c.bench_function("part/h3o-cell-and-area-lookup", |b| {
         b.iter(|| black_box(policy.area_at(black_box(52.52001), black_box(13.40495))));

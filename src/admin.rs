@@ -64,7 +64,14 @@ struct StreamView<'a> {
     mode: Mode,
     enabled: bool,
     stale_after_seconds: f64,
-    pointers: [&'a str; 3],
+    format: crate::admission::formats::Format,
+    pointers: serde_json::Value,
+}
+
+#[derive(Serialize)]
+struct RouteView<'a> {
+    prefix: &'a str,
+    format: crate::admission::formats::Format,
 }
 
 #[derive(Serialize)]
@@ -78,6 +85,7 @@ struct PolicyView<'a> {
     stale_status: u16,
     cells: usize,
     streams: Vec<StreamView<'a>>,
+    routes: Vec<RouteView<'a>>,
     areas: &'a [Area],
     last_error: Option<String>,
     last_reload_unix_ms: Option<i64>,
@@ -99,17 +107,23 @@ async fn policy(State(s): State<AdminState>) -> Response {
         streams: p
             .streams()
             .iter()
-            .map(|st| {
-                let [lat, lon, time] = st.extractor.pointers();
-                StreamView {
-                    name: &st.name,
-                    supersession: st.supersession,
-                    class: st.class,
-                    mode: st.mode,
-                    enabled: st.enabled,
-                    stale_after_seconds: st.stale_after.as_secs_f64(),
-                    pointers: [lat.as_str(), lon.as_str(), time.as_str()],
-                }
+            .map(|st| StreamView {
+                name: &st.name,
+                supersession: st.supersession,
+                class: st.class,
+                mode: st.mode,
+                enabled: st.enabled,
+                stale_after_seconds: st.stale_after.as_secs_f64(),
+                format: st.format,
+                pointers: st.extractor.shape().describe(),
+            })
+            .collect(),
+        routes: p
+            .routes()
+            .iter()
+            .map(|r| RouteView {
+                prefix: &r.prefix,
+                format: r.format,
             })
             .collect(),
         areas: p.areas(),

@@ -163,9 +163,18 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     let now = UnixMillis::now();
     let mut facts = match (&args.body, args.lat, args.lon) {
         (Some(path), _, _) => match std::fs::read(path) {
-            Ok(bytes) => stream.map_or(Facts::UNREAD, |id| {
-                p.stream_policy(id).extractor.extract(&bytes)
-            }),
+            Ok(bytes) => match stream {
+                Some(id) => {
+                    let body = p.stream_policy(id).extractor.extract(&bytes);
+                    let events: Vec<_> = body.events.iter().map(|e| (Some(id), e)).collect();
+                    if events.is_empty() {
+                        Facts::UNREAD
+                    } else {
+                        admission::summarise(p, body.body, &events).1
+                    }
+                }
+                None => Facts::UNREAD,
+            },
             Err(e) => return fail(format!("{}: {e}", path.display())),
         },
         (None, Some(lat), Some(lon)) => Facts {

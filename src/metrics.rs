@@ -27,7 +27,7 @@ pub const SHED: &str = "shedgate_shed_total";
 pub const WOULD_SHED: &str = "shedgate_would_shed_total";
 /// Sheddable requests whose facts could not be read, by `stream` and `fact` (`body`: not
 /// JSON; `coordinates`: missing or invalid, default rank used; `time`: missing or invalid,
-/// not stale).
+/// not stale; `time_implausible`: more than a day from now, not believed, not stale).
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
 /// Current pressure, 0.0–1.0 (pinned value when pinned).
 pub const PRESSURE: &str = "shedgate_pressure";
@@ -79,7 +79,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         UNREADABLE,
         "counter",
-        "Sheddable requests with unreadable facts, by stream and fact (body, coordinates, time).",
+        "Sheddable requests with unreadable facts, by stream and fact (body, coordinates, time, time_implausible).",
     ),
     (
         PRESSURE,
@@ -183,6 +183,8 @@ pub enum Fact {
     Coordinates,
     /// No readable time.
     Time,
+    /// A time too far from now to be right (a broken device clock): not believed.
+    ImplausibleTime,
 }
 
 impl Fact {
@@ -191,6 +193,7 @@ impl Fact {
             Fact::Body => "body",
             Fact::Coordinates => "coordinates",
             Fact::Time => "time",
+            Fact::ImplausibleTime => "time_implausible",
         }
     }
 }
@@ -385,7 +388,7 @@ pub struct PolicyMetrics {
     /// `[slot][area][reason]`, flattened; `would` doubles it for warn mode.
     sheds: Vec<OnceLock<Counter>>,
     /// `[slot][fact]`.
-    unreadable: Vec<[OnceLock<Counter>; 3]>,
+    unreadable: Vec<[OnceLock<Counter>; 4]>,
 }
 
 impl std::fmt::Debug for PolicyMetrics {

@@ -87,21 +87,72 @@ impl fmt::Display for JsonPointer {
     }
 }
 
-/// Where a stream's events keep their facts. Defaults: `/lat`, `/lon`, `/occurred_at`.
+/// Where a body keeps its events and each event its facts: the compiled form of a format
+/// preset (see [`super::formats`]) or of a stream's plain pointers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// The document itself is one event (its pointers apply at the root).
+    pub root: bool,
+    /// The document is an array of events (CloudEvents batched mode).
+    pub root_array: bool,
+    /// Arrays of events inside the document (Overland `/locations`, GeoJSON `/features`).
+    /// When any is present in a body, the body is a batch of its elements.
+    pub arrays: Vec<JsonPointer>,
+    /// Latitude, relative to the event.
+    pub lat: Option<JsonPointer>,
+    /// Longitude, relative to the event.
+    pub lon: Option<JsonPointer>,
+    /// A GeoJSON position `[lon, lat]`, relative to the event (instead of `lat`/`lon`).
+    pub lonlat: Option<JsonPointer>,
+    /// Event time candidates, relative to the event: the first readable one is used.
+    pub time: Vec<JsonPointer>,
+    /// The event's stream, when the body names it.
+    pub stream: Option<JsonPointer>,
+}
+
+impl Shape {
+    /// The pointers as written, by role, for `GET /policy`.
+    pub fn describe(&self) -> serde_json::Value {
+        let texts =
+            |ps: &[JsonPointer]| ps.iter().map(|p| p.as_str().to_owned()).collect::<Vec<_>>();
+        let one = |p: &Option<JsonPointer>| p.as_ref().map(|p| p.as_str().to_owned());
+        serde_json::json!({
+            "events": if self.root_array { vec!["[*]".to_owned()] } else { texts(&self.arrays) },
+            "lat": one(&self.lat),
+            "lon": one(&self.lon),
+            "lonlat": one(&self.lonlat),
+            "time": texts(&self.time),
+            "stream": one(&self.stream),
+        })
+    }
+
+    /// One event at the root with the given pointers.
+    pub fn plain(lat: JsonPointer, lon: JsonPointer, time: JsonPointer) -> Self {
+        Shape {
+            root: true,
+            lat: Some(lat),
+            lon: Some(lon),
+            time: vec![time],
+            ..Shape::default()
+        }
+    }
+}
+
+/// Reads a body's events and their facts, as a [`Shape`] says.
 #[derive(Debug, Clone)]
 pub struct Extractor {
-    lat: JsonPointer,
-    lon: JsonPointer,
-    time: JsonPointer,
+    shape: Shape,
     root: Node,
 }
 
-/// One of the three facts a pointer leads to.
+/// What a pointer leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     Lat,
     Lon,
-    Time,
+    LonLat,
+    Time(usize),
+    Stream,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -109,58 +160,100 @@ struct Node {
     /// Object member name or array index (as text) → child.
     children: Vec<(String, Option<usize>, Node)>,
     target: Option<Target>,
+    /// This value is an array of events; each element is walked with this subtree.
+    each: Option<Box<Node>>,
 }
 
-/// Two pointers of one stream overlap: one names a value inside the other's.
+impl Node {
+    fn at(&mut self, pointer: &JsonPointer) -> &mut Node {
+        let mut node = self;
+        for token in &pointer.tokens {
+            let pos = node.children.iter().position(|(t, _, _)| t == token);
+            let pos = pos.unwrap_or_else(|| {
+                // RFC 6901: array indices have no leading zeros.
+                let index = token
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|_| token == "0" || !token.starts_with('0'));
+                node.children.push((token.clone(), index, Node::default()));
+                node.children.len() - 1
+            });
+            node = &mut node.children[pos].2;
+        }
+        node
+    }
+}
+
+/// Two pointers of one shape overlap: one names a value inside the other's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("pointers {0} and {1} overlap: one value would contain the other")]
 pub struct OverlappingPointers(String, String);
 
 impl Extractor {
-    /// An extractor for the three facts.
+    /// An extractor for `shape`.
     ///
     /// # Errors
     /// [`OverlappingPointers`] when one pointer equals or contains another.
-    pub fn new(
+    pub fn new(shape: Shape) -> Result<Self, OverlappingPointers> {
+        let mut event_ptrs: Vec<(&JsonPointer, Target)> = Vec::new();
+        event_ptrs.extend(shape.lat.iter().map(|p| (p, Target::Lat)));
+        event_ptrs.extend(shape.lon.iter().map(|p| (p, Target::Lon)));
+        event_ptrs.extend(shape.lonlat.iter().map(|p| (p, Target::LonLat)));
+        event_ptrs.extend(
+            shape
+                .time
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p, Target::Time(i))),
+        );
+        event_ptrs.extend(shape.stream.iter().map(|p| (p, Target::Stream)));
+        let check = |all: &[&JsonPointer]| {
+            for (i, a) in all.iter().enumerate() {
+                for b in &all[i + 1..] {
+                    if a.is_prefix_of(b) || b.is_prefix_of(a) {
+                        return Err(OverlappingPointers(a.text.clone(), b.text.clone()));
+                    }
+                }
+            }
+            Ok(())
+        };
+        let mut all: Vec<&JsonPointer> = event_ptrs.iter().map(|(p, _)| *p).collect();
+        check(&all)?;
+        let mut event = Node::default();
+        for (pointer, target) in &event_ptrs {
+            event.at(pointer).target = Some(*target);
+        }
+        let mut root = if shape.root {
+            event.clone()
+        } else {
+            Node::default()
+        };
+        if shape.root {
+            all.extend(shape.arrays.iter());
+            check(&all)?;
+        } else {
+            let arrays: Vec<&JsonPointer> = shape.arrays.iter().collect();
+            check(&arrays)?;
+        }
+        for array in &shape.arrays {
+            root.at(array).each = Some(Box::new(event.clone()));
+        }
+        if shape.root_array {
+            root.each = Some(Box::new(event));
+        }
+        Ok(Extractor { shape, root })
+    }
+
+    /// The plain form: one event at the root with these pointers.
+    ///
+    /// # Errors
+    /// As [`Extractor::new`].
+    pub fn pointers(
         lat: JsonPointer,
         lon: JsonPointer,
         time: JsonPointer,
     ) -> Result<Self, OverlappingPointers> {
-        let all = [
-            (&lat, Target::Lat),
-            (&lon, Target::Lon),
-            (&time, Target::Time),
-        ];
-        for (i, (a, _)) in all.iter().enumerate() {
-            for (b, _) in &all[i + 1..] {
-                if a.is_prefix_of(b) || b.is_prefix_of(a) {
-                    return Err(OverlappingPointers(a.text.clone(), b.text.clone()));
-                }
-            }
-        }
-        let mut root = Node::default();
-        for (pointer, target) in all {
-            let mut node = &mut root;
-            for token in &pointer.tokens {
-                let pos = node.children.iter().position(|(t, _, _)| t == token);
-                let pos = pos.unwrap_or_else(|| {
-                    let index = token.parse::<usize>().ok().filter(|_| {
-                        // RFC 6901: array indices have no leading zeros.
-                        token == "0" || !token.starts_with('0')
-                    });
-                    node.children.push((token.clone(), index, Node::default()));
-                    node.children.len() - 1
-                });
-                node = &mut node.children[pos].2;
-            }
-            node.target = Some(target);
-        }
-        Ok(Extractor {
-            lat,
-            lon,
-            time,
-            root,
-        })
+        Self::new(Shape::plain(lat, lon, time))
     }
 
     /// The default pointers `/lat`, `/lon`, `/occurred_at`.
@@ -172,43 +265,60 @@ impl Extractor {
         )
     }
 
-    /// The pointers, in order latitude, longitude, time.
-    pub fn pointers(&self) -> [&JsonPointer; 3] {
-        [&self.lat, &self.lon, &self.time]
+    /// The shape this extractor reads.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
     }
 
-    /// Reads the facts from `body`. Never fails: what cannot be read is reported as such.
-    pub fn extract(&self, body: &[u8]) -> Facts {
-        let mut caps = Captures::default();
+    /// Reads the events and their facts from `body`. Never fails: what cannot be read is
+    /// reported as such.
+    pub fn extract(&self, body: &[u8]) -> BodyFacts {
+        let mut caps = Captures {
+            events: vec![EventCaps::default()],
+            batch: false,
+        };
         let mut de = serde_json::Deserializer::from_slice(body);
-        let walked = Walk {
-            node: &self.root,
-            caps: &mut caps,
+        let walked = match &self.root.each {
+            Some(each) => Each {
+                node: each,
+                caps: &mut caps,
+            }
+            .deserialize(&mut de),
+            None => Walk {
+                node: &self.root,
+                at: 0,
+                caps: &mut caps,
+            }
+            .deserialize(&mut de),
         }
-        .deserialize(&mut de)
         .and_then(|()| de.end());
         if walked.is_err() {
-            return Facts {
+            return BodyFacts {
                 body: BodyState::NotJson,
-                coordinates: Coordinates::Missing,
-                time: EventTime::Missing,
+                batch: false,
+                events: vec![EventFacts::MISSING],
             };
         }
-        let coordinates = match (caps.lat, caps.lon) {
-            (None, _) | (_, None) => Coordinates::Missing,
-            (Some(lat), Some(lon)) => match (read_number(lat), read_number(lon)) {
-                (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
-                _ => Coordinates::Invalid,
-            },
+        let events = if caps.batch {
+            caps.events[1..].iter().map(EventCaps::read).collect()
+        } else {
+            vec![caps.events[0].read()]
         };
-        let time = match caps.time {
-            None => EventTime::Missing,
-            Some(raw) => read_time(raw).map_or(EventTime::Invalid, EventTime::At),
-        };
-        Facts {
+        BodyFacts {
             body: BodyState::Json,
-            coordinates,
-            time,
+            batch: caps.batch,
+            events,
+        }
+    }
+
+    /// Reads a single-event body into [`Facts`] (the first event of a batch).
+    pub fn extract_one(&self, body: &[u8]) -> Facts {
+        let facts = self.extract(body);
+        let first = facts.events.first().cloned().unwrap_or(EventFacts::MISSING);
+        Facts {
+            body: facts.body,
+            coordinates: first.coordinates,
+            time: first.time,
         }
     }
 }
@@ -216,8 +326,39 @@ impl Extractor {
 impl Default for Extractor {
     fn default() -> Self {
         let (lat, lon, time) = Self::default_pointers();
-        Extractor::new(lat, lon, time).unwrap_or_else(|_| unreachable!())
+        Extractor::pointers(lat, lon, time).unwrap_or_else(|_| unreachable!())
     }
+}
+
+/// What the extractor found in a body: its events (one, or a batch's elements).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BodyFacts {
+    /// Whether the body parsed as JSON at all.
+    pub body: BodyState,
+    /// Whether the body was a batch (an events array was found).
+    pub batch: bool,
+    /// The events; a batch may have none.
+    pub events: Vec<EventFacts>,
+}
+
+/// One event's facts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventFacts {
+    /// Its position.
+    pub coordinates: Coordinates,
+    /// Its time.
+    pub time: EventTime,
+    /// Its stream as the body names it (before any route mapping), when the shape reads one.
+    pub stream: Option<Box<str>>,
+}
+
+impl EventFacts {
+    /// An event of which nothing could be read.
+    pub const MISSING: EventFacts = EventFacts {
+        coordinates: Coordinates::Missing,
+        time: EventTime::Missing,
+        stream: None,
+    };
 }
 
 /// What the extractor found in a body.
@@ -292,20 +433,78 @@ pub enum EventTime {
 }
 
 #[derive(Default)]
-struct Captures<'de> {
+struct EventCaps<'de> {
     lat: Option<&'de RawValue>,
     lon: Option<&'de RawValue>,
-    time: Option<&'de RawValue>,
+    lonlat: Option<&'de RawValue>,
+    time: [Option<&'de RawValue>; MAX_TIMES],
+    stream: Option<&'de RawValue>,
 }
 
-impl<'de> Captures<'de> {
+/// Most time candidates a shape may list.
+pub const MAX_TIMES: usize = 4;
+
+impl<'de> EventCaps<'de> {
     fn set(&mut self, target: Target, raw: &'de RawValue) {
         // Duplicate keys: the last one wins, as serde_json and most JSON readers do.
         match target {
             Target::Lat => self.lat = Some(raw),
             Target::Lon => self.lon = Some(raw),
-            Target::Time => self.time = Some(raw),
+            Target::LonLat => self.lonlat = Some(raw),
+            Target::Time(i) => {
+                if let Some(slot) = self.time.get_mut(i) {
+                    *slot = Some(raw);
+                }
+            }
+            Target::Stream => self.stream = Some(raw),
         }
+    }
+
+    fn read(&self) -> EventFacts {
+        let coordinates = match (self.lat, self.lon, self.lonlat) {
+            (Some(lat), Some(lon), _) => match (read_number(lat), read_number(lon)) {
+                (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
+                _ => Coordinates::Invalid,
+            },
+            (_, _, Some(pair)) => read_lonlat(pair),
+            (Some(_), None, None) | (None, Some(_), None) => Coordinates::Missing,
+            (None, None, None) => Coordinates::Missing,
+        };
+        let mut time = EventTime::Missing;
+        for raw in self.time.iter().flatten() {
+            match read_time(raw) {
+                Some(at) => {
+                    time = EventTime::At(at);
+                    break;
+                }
+                None => time = EventTime::Invalid,
+            }
+        }
+        EventFacts {
+            coordinates,
+            time,
+            stream: self
+                .stream
+                .and_then(string_content)
+                .map(|s| s.into_owned().into_boxed_str()),
+        }
+    }
+}
+
+struct Captures<'de> {
+    /// Index 0: the root event; a batch's elements follow.
+    events: Vec<EventCaps<'de>>,
+    batch: bool,
+}
+
+/// A GeoJSON position: `[lon, lat]` or `[lon, lat, alt]`, numbers or numeric strings.
+fn read_lonlat(raw: &RawValue) -> Coordinates {
+    match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
+        Ok(items) if items.len() >= 2 => match (read_number(items[0]), read_number(items[1])) {
+            (Some(lon), Some(lat)) => Coordinates::new(lat, lon),
+            _ => Coordinates::Invalid,
+        },
+        _ => Coordinates::Invalid,
     }
 }
 
@@ -342,9 +541,15 @@ fn read_time(raw: &RawValue) -> Option<UnixMillis> {
     parse_time_text(&string_content(raw)?)
 }
 
-/// Descends along the pointer tree; everything else is skipped.
+macro_rules! ignore_scalars {
+    ($($method:ident: $ty:ty),*) => {
+        $(fn $method<E: de::Error>(self, _: $ty) -> Result<(), E> { Ok(()) })*
+    };
+}
+/// Descends along the pointer tree; everything else is skipped. Captures go to event `at`.
 struct Walk<'a, 'de> {
     node: &'a Node,
+    at: usize,
     caps: &'a mut Captures<'de>,
 }
 
@@ -356,9 +561,11 @@ impl<'de> DeserializeSeed<'de> for Walk<'_, 'de> {
     }
 }
 
-/// The value under one matched key or index: either a leaf to capture or a node to walk.
+/// The value under one matched key or index: a leaf to capture, an events array, or a node
+/// to walk.
 struct Step<'a, 'de> {
     node: &'a Node,
+    at: usize,
     caps: &'a mut Captures<'de>,
 }
 
@@ -366,17 +573,74 @@ impl<'de> DeserializeSeed<'de> for Step<'_, 'de> {
     type Value = ();
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        match self.node.target {
-            Some(target) => {
-                let raw = <&'de RawValue as de::Deserialize<'de>>::deserialize(deserializer)?;
-                self.caps.set(target, raw);
-                Ok(())
-            }
-            None => Walk {
-                node: self.node,
+        if let Some(target) = self.node.target {
+            let raw = <&'de RawValue as de::Deserialize<'de>>::deserialize(deserializer)?;
+            self.caps.events[self.at].set(target, raw);
+            return Ok(());
+        }
+        if let Some(each) = &self.node.each {
+            return Each {
+                node: each,
                 caps: self.caps,
             }
-            .deserialize(deserializer),
+            .deserialize(deserializer);
+        }
+        Walk {
+            node: self.node,
+            at: self.at,
+            caps: self.caps,
+        }
+        .deserialize(deserializer)
+    }
+}
+
+/// An array of events: each element becomes a new event, walked with `node`.
+struct Each<'a, 'de> {
+    node: &'a Node,
+    caps: &'a mut Captures<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for Each<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Each<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of events")
+    }
+
+    // Not an array: no events here.
+    ignore_scalars!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.caps.batch = true;
+        loop {
+            self.caps.events.push(EventCaps::default());
+            let at = self.caps.events.len() - 1;
+            let walk = Walk {
+                node: self.node,
+                at,
+                caps: &mut *self.caps,
+            };
+            if seq.next_element_seed(walk)?.is_none() {
+                self.caps.events.pop();
+                return Ok(());
+            }
         }
     }
 }
@@ -412,12 +676,6 @@ impl<'de, 'a> Visitor<'de> for KeySeed<'a> {
     }
 }
 
-macro_rules! ignore_scalars {
-    ($($method:ident: $ty:ty),*) => {
-        $(fn $method<E: de::Error>(self, _: $ty) -> Result<(), E> { Ok(()) })*
-    };
-}
-
 impl<'de> Visitor<'de> for Walk<'_, 'de> {
     type Value = ();
 
@@ -437,6 +695,7 @@ impl<'de> Visitor<'de> for Walk<'_, 'de> {
             match child {
                 Some(child) => map.next_value_seed(Step {
                     node: child,
+                    at: self.at,
                     caps: &mut *self.caps,
                 })?,
                 None => {
@@ -460,6 +719,7 @@ impl<'de> Visitor<'de> for Walk<'_, 'de> {
                 Some(child) => seq
                     .next_element_seed(Step {
                         node: child,
+                        at: self.at,
                         caps: &mut *self.caps,
                     })?
                     .is_some(),
@@ -478,7 +738,7 @@ mod tests {
     use super::*;
 
     fn ex(lat: &str, lon: &str, time: &str) -> Extractor {
-        Extractor::new(
+        Extractor::pointers(
             JsonPointer::parse(lat).unwrap(),
             JsonPointer::parse(lon).unwrap(),
             JsonPointer::parse(time).unwrap(),
@@ -489,7 +749,7 @@ mod tests {
     #[test]
     fn reads_defaults() {
         let f = Extractor::default()
-            .extract(br#"{"lat":52.52,"lon":13.405,"occurred_at":"2026-05-28T20:26:40Z"}"#);
+            .extract_one(br#"{"lat":52.52,"lon":13.405,"occurred_at":"2026-05-28T20:26:40Z"}"#);
         assert_eq!(
             f.coordinates,
             Coordinates::Valid {
@@ -503,7 +763,7 @@ mod tests {
     #[test]
     fn nested_pointers_and_array_indices() {
         let e = ex("/position/latitude", "/coords/0", "/position/fixTime");
-        let f = e.extract(
+        let f = e.extract_one(
             br#"{"coords":[13.4,52.5],"position":{"fixTime":1780000000000,"latitude":"52.5"}}"#,
         );
         assert_eq!(
@@ -519,7 +779,7 @@ mod tests {
     #[test]
     fn escaped_pointer_tokens() {
         let e = ex("/a~1b", "/m~0n", "/t");
-        let f = e.extract(br#"{"a/b":1,"m~n":2,"t":1780000000}"#);
+        let f = e.extract_one(br#"{"a/b":1,"m~n":2,"t":1780000000}"#);
         assert_eq!(f.coordinates, Coordinates::Valid { lat: 1.0, lon: 2.0 });
     }
 
@@ -528,7 +788,7 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         let body =
             format!(r#"{{"extras":{deep},"lat":52.52,"lon":13.405,"occurred_at":1780000000}}"#);
-        let f = Extractor::default().extract(body.as_bytes());
+        let f = Extractor::default().extract_one(body.as_bytes());
         assert_eq!(
             f.coordinates,
             Coordinates::Valid {
@@ -548,25 +808,25 @@ mod tests {
             r#"{"lat":true,"lon":{}}"#,
         ] {
             assert_eq!(
-                e.extract(body.as_bytes()).coordinates,
+                e.extract_one(body.as_bytes()).coordinates,
                 Coordinates::Invalid,
                 "{body}"
             );
         }
-        let f = e.extract(br#"{"lat":1}"#);
+        let f = e.extract_one(br#"{"lat":1}"#);
         assert_eq!(f.coordinates, Coordinates::Missing);
         assert_eq!(f.time, EventTime::Missing);
-        let f = e.extract(br#"{"lat":1,"lon":2,"occurred_at":"soon"}"#);
+        let f = e.extract_one(br#"{"lat":1,"lon":2,"occurred_at":"soon"}"#);
         assert_eq!(f.time, EventTime::Invalid);
         for body in ["", "not json", r#"{"lat":1,"lon":2"#, "[1,2] x"] {
             assert_eq!(
-                e.extract(body.as_bytes()).body,
+                e.extract_one(body.as_bytes()).body,
                 BodyState::NotJson,
                 "{body}"
             );
         }
         // A top-level array or scalar is JSON without the facts.
-        assert_eq!(e.extract(b"[1,2]").coordinates, Coordinates::Missing);
+        assert_eq!(e.extract_one(b"[1,2]").coordinates, Coordinates::Missing);
     }
 
     #[test]
@@ -575,7 +835,7 @@ mod tests {
         assert!(JsonPointer::parse("lat").is_err());
         assert!(JsonPointer::parse("/a~2").is_err());
         assert!(
-            Extractor::new(
+            Extractor::pointers(
                 JsonPointer::parse("/p").unwrap(),
                 JsonPointer::parse("/p/lon").unwrap(),
                 JsonPointer::parse("/t").unwrap()

@@ -3,6 +3,7 @@
 
 pub mod curve;
 pub mod extract;
+pub mod formats;
 pub mod time;
 
 use std::fmt;
@@ -11,7 +12,9 @@ use std::num::NonZeroU8;
 use serde::Serialize;
 
 pub use curve::Curve;
-pub use extract::{BodyState, Coordinates, EventTime, Extractor, Facts, JsonPointer};
+pub use extract::{
+    BodyFacts, BodyState, Coordinates, EventFacts, EventTime, Extractor, Facts, JsonPointer,
+};
 pub use time::UnixMillis;
 
 use crate::policy::{AreaId, Mode, Policy, StreamId, Supersession};
@@ -190,8 +193,81 @@ pub struct Decision {
     pub probability: f64,
     /// The pressure the decision saw.
     pub pressure: Pressure,
-    /// Event age in milliseconds when its time was readable (negative: in the future).
+    /// Event age in milliseconds when its time was readable and plausible (negative: in the
+    /// future).
     pub age_ms: Option<i64>,
+    /// The event's time was more than [`IMPLAUSIBLE_AFTER`] from `now`: not believed, so
+    /// not stale.
+    pub implausible_time: bool,
+}
+
+/// A time further than this from `now`, in the past or the future, cannot be right (a device
+/// clock reset to 1970, a local time sent as UTC across the date line): it counts as no
+/// readable time, so one device with a broken clock is not shed as stale forever. 24 hours
+/// covers every time-zone error (at most 14 hours) with room to spare.
+pub const IMPLAUSIBLE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Reduces the events of one request to the facts of one decision (PRODUCT.md "Areas",
+/// batches): the request is sheddable only if every event is of a sheddable stream (else the
+/// first `never` or unknown stream is returned and the request is never shed); it takes the
+/// most important rank of its points (the coordinates returned are that point's); it is stale
+/// only if its newest event is (the time returned is the newest, and the stream returned is
+/// that event's, whose `stale_after` applies).
+///
+/// `events` pairs each event with its stream (`None`: unknown) and must not be empty.
+pub fn summarise(
+    policy: &Policy,
+    body: BodyState,
+    events: &[(Option<StreamId>, &EventFacts)],
+) -> (Option<StreamId>, Facts) {
+    let first = events.first().and_then(|(s, _)| *s);
+    let mut facts = Facts {
+        body,
+        coordinates: Coordinates::Missing,
+        time: EventTime::Missing,
+    };
+    for (stream, _) in events {
+        let sheddable = stream.is_some_and(|id| {
+            policy.stream_policy(id).supersession == Supersession::SelfSuperseding
+        });
+        if !sheddable {
+            return (*stream, facts);
+        }
+    }
+    if let [(stream, event)] = events {
+        facts.coordinates = event.coordinates;
+        facts.time = event.time;
+        return (*stream, facts);
+    }
+    let mut best: Option<Rank> = None;
+    let mut newest: Option<(UnixMillis, Option<StreamId>)> = None;
+    for (stream, event) in events {
+        match event.coordinates {
+            Coordinates::Valid { lat, lon } => {
+                let (_, rank) = policy.area_at(lat, lon);
+                if best.is_none_or(|b| rank < b) {
+                    best = Some(rank);
+                    facts.coordinates = event.coordinates;
+                }
+            }
+            Coordinates::Invalid if best.is_none() => facts.coordinates = Coordinates::Invalid,
+            _ => {}
+        }
+        match event.time {
+            EventTime::At(at) if newest.is_none_or(|(n, _)| at > n) => {
+                newest = Some((at, *stream));
+            }
+            EventTime::Invalid if newest.is_none() => facts.time = EventTime::Invalid,
+            _ => {}
+        }
+    }
+    match newest {
+        Some((at, stream)) => {
+            facts.time = EventTime::At(at);
+            (stream, facts)
+        }
+        None => (first, facts),
+    }
 }
 
 /// Decides one request (PRODUCT.md "Decision rule", steps 2–7).
@@ -218,6 +294,7 @@ pub fn decide(
         probability: 0.0,
         pressure,
         age_ms: None,
+        implausible_time: false,
     };
     let Some(id) = stream else {
         return decision;
@@ -233,7 +310,13 @@ pub fn decide(
         decision.rank = rank;
     }
     if let EventTime::At(at) = facts.time {
-        decision.age_ms = Some(now.since(at));
+        let age = now.since(at);
+        let limit = i64::try_from(IMPLAUSIBLE_AFTER.as_millis()).unwrap_or(i64::MAX);
+        if age.abs() > limit {
+            decision.implausible_time = true;
+        } else {
+            decision.age_ms = Some(age);
+        }
     }
     let warn = stream.mode == Mode::Warn || policy.mode() == Mode::Warn;
     let shed = |d: &mut Decision, rule: Rule, reason: ShedReason| {

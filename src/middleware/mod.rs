@@ -24,12 +24,14 @@ use tower::{Layer, Service, ServiceExt};
 pub use body::{GuardedBody, TimedBody};
 
 use crate::BoxError;
+use crate::admission::time::parse_time_text;
 use crate::admission::{
-    BodyState, Coordinates, EventTime, ShedReason, UnixMillis, Verdict, decide,
+    BodyState, Coordinates, EventFacts, EventTime, Facts, ShedReason, UnixMillis, Verdict, decide,
+    summarise,
 };
 use crate::metrics::{Fact, Outcome};
 use crate::policy::store::Snapshot;
-use crate::policy::{PolicyStore, StreamId, Supersession};
+use crate::policy::{PolicyStore, StreamId, StreamSource, Supersession};
 use crate::pressure::PressureGauge;
 use crate::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::upstream::{ForwardBody, UpstreamOutcome};
@@ -71,6 +73,8 @@ struct Shared {
     pressure: Arc<PressureGauge>,
     settings: AdmissionSettings,
     sources: Sources,
+    /// For bodies read on a route whose stream turned out unknown.
+    default_extractor: crate::admission::Extractor,
 }
 
 /// Wraps a proxy service with admission control.
@@ -93,6 +97,7 @@ impl AdmissionLayer {
                 pressure,
                 settings,
                 sources,
+                default_extractor: crate::admission::Extractor::default(),
             }),
         }
     }
@@ -148,11 +153,33 @@ where
         {
             return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
         }
-        let stream = req
-            .headers()
-            .get(&shared.settings.stream_header)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|name| snapshot.policy.stream(name.trim()));
+        // The route (a path prefix) says how to read the request; without one, the stream
+        // header and the stream's own pointers.
+        let policy = &snapshot.policy;
+        let route = policy.route_index(req.uri().path()).map(|i| {
+            let ct = req
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .map(|v| v.as_bytes());
+            (i, policy.routes()[i].mode_index(ct))
+        });
+        let source = route.map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
+        let header_stream = |name: &http::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| policy.stream(v.trim()))
+        };
+        // `None` here: the stream is named in the body, known only once it is read.
+        let known: Option<Option<StreamId>> = match source {
+            None | Some(StreamSource::DefaultHeader) => {
+                Some(header_stream(&shared.settings.stream_header))
+            }
+            Some(StreamSource::Header(h)) => Some(header_stream(h)),
+            Some(StreamSource::Fixed(name)) => Some(policy.stream(name)),
+            Some(StreamSource::Field { .. }) => None,
+        };
+        let stream = known.flatten();
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
@@ -165,11 +192,15 @@ where
             };
             return ResponseFuture::ready(reject(&snapshot, stream, rejection));
         }
-        let sheddable = stream.is_some_and(|id| {
-            snapshot.policy.stream_policy(id).supersession == Supersession::SelfSuperseding
-        });
+        let sheddable = match known {
+            None => true,
+            Some(stream) => stream.is_some_and(|id| {
+                policy.stream_policy(id).supersession == Supersession::SelfSuperseding
+            }),
+        };
         if sheddable {
-            ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, stream, req))
+            let read = Read { route, known };
+            ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, read, req))
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
             // through, still bounded in size and time.
@@ -212,12 +243,21 @@ fn ambiguous_framing(headers: &http::HeaderMap) -> Option<String> {
     ))
 }
 
-/// Reads a sheddable stream's body, decides, and forwards or answers.
+/// How to read a request whose body must be read: its route and mode (indices into the
+/// snapshot's policy), and its stream if known before the body.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    route: Option<(usize, usize)>,
+    known: Option<Option<StreamId>>,
+}
+
+/// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
+/// forwards or answers.
 async fn admit_sheddable<S, B>(
     shared: Arc<Shared>,
     inner: S,
     snapshot: Arc<Snapshot>,
-    stream: Option<StreamId>,
+    read_as: Read,
     req: Request<B>,
 ) -> Response<Body>
 where
@@ -227,6 +267,7 @@ where
     B::Error: Into<BoxError>,
 {
     let settings = &shared.settings;
+    let stream = read_as.known.flatten();
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
     let read = tokio::time::timeout(
@@ -249,18 +290,68 @@ where
     };
 
     let policy = &snapshot.policy;
-    let facts = stream.map_or(crate::admission::Facts::UNREAD, |id| {
-        policy.stream_policy(id).extractor.extract(&bytes)
-    });
+    let mode = read_as
+        .route
+        .map(|(i, j)| policy.routes()[i].mode_at(j))
+        .filter(|m| !m.stream_pointers);
+    let extractor = match (mode, stream) {
+        (Some(m), _) => &m.extractor,
+        (None, Some(id)) => &policy.stream_policy(id).extractor,
+        (None, None) => &shared.default_extractor,
+    };
+    let mut body_facts = extractor.extract(&bytes);
+    // CloudEvents binary mode: the time is an attribute header, not in the data.
+    if let Some(h) = mode.and_then(|m| m.time_header.as_ref())
+        && let Some(at) = parts
+            .headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_time_text)
+    {
+        for e in &mut body_facts.events {
+            e.time = EventTime::At(at);
+        }
+    }
+    let source = read_as
+        .route
+        .map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
+    let events: Vec<(Option<StreamId>, &EventFacts)> = body_facts
+        .events
+        .iter()
+        .map(|e| match (read_as.known, source) {
+            (Some(known), _) => (known, e),
+            (None, Some(source)) => {
+                let named = e.stream.as_deref().and_then(|v| source.map_field(v));
+                (named.and_then(|n| policy.stream(&n)), e)
+            }
+            (None, None) => (None, e),
+        })
+        .collect();
+    let (stream, facts) = match events.as_slice() {
+        [] => (
+            stream,
+            Facts {
+                body: body_facts.body,
+                coordinates: Coordinates::Missing,
+                time: EventTime::Missing,
+            },
+        ),
+        events => summarise(policy, body_facts.body, events),
+    };
+    drop(events);
     let m = &snapshot.metrics;
-    if facts.body == BodyState::NotJson {
-        m.unreadable(stream, Fact::Body);
-    }
-    if !matches!(facts.coordinates, Coordinates::Valid { .. }) {
-        m.unreadable(stream, Fact::Coordinates);
-    }
-    if !matches!(facts.time, EventTime::At(_)) {
-        m.unreadable(stream, Fact::Time);
+    let sheddable = stream
+        .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
+    if sheddable {
+        if facts.body == BodyState::NotJson {
+            m.unreadable(stream, Fact::Body);
+        }
+        if !matches!(facts.coordinates, Coordinates::Valid { .. }) {
+            m.unreadable(stream, Fact::Coordinates);
+        }
+        if !matches!(facts.time, EventTime::At(_)) {
+            m.unreadable(stream, Fact::Time);
+        }
     }
     let pressure = shared.pressure.pressure();
     let now = (shared.sources.clock)();
@@ -273,6 +364,9 @@ where
         (shared.sources.draw)(),
     );
     m.shed(stream, decision.area, decision.verdict);
+    if decision.implausible_time {
+        m.unreadable(stream, Fact::ImplausibleTime);
+    }
     let name = stream.map(|id| policy.stream_policy(id).name.as_str());
     tracing::debug!(
         stream = name.unwrap_or(crate::metrics::UNKNOWN_STREAM),

@@ -20,6 +20,37 @@ pub struct StreamsFile {
     /// Stream name → its policy. Names are matched exactly against the request's stream.
     #[serde(default)]
     pub streams: BTreeMap<String, StreamSection>,
+    /// Routes: path prefixes with their own format and stream source.
+    #[serde(default)]
+    pub routes: Vec<RouteSection>,
+}
+
+/// `[[routes]]` in `streams.toml`: requests whose path starts with `prefix` (at a segment
+/// boundary) are read with this format and take their stream from this source. At most one
+/// of `stream`, `stream_header` and `stream_field`; without any, the format's default.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// Path prefix, starting with `/`.
+    pub prefix: String,
+    /// Format preset; default `pointers`.
+    pub format: Option<crate::admission::formats::Format>,
+    /// Every request on this route is of this stream (senders that cannot set headers).
+    pub stream: Option<String>,
+    /// The stream is this header's value.
+    pub stream_header: Option<String>,
+    /// The stream is this body field's value (per event in a batch).
+    pub stream_field: Option<JsonPointer>,
+    /// Put before a body field's value to make the stream name (`owntracks.` for OwnTracks).
+    pub stream_prefix: Option<String>,
+    /// Body field value → stream name; a value not listed is the prefix plus the value.
+    pub stream_map: Option<BTreeMap<String, String>>,
+    /// Latitude pointer, relative to the event (overrides the preset).
+    pub lat: Option<JsonPointer>,
+    /// Longitude pointer, relative to the event.
+    pub lon: Option<JsonPointer>,
+    /// Time pointer, relative to the event.
+    pub time: Option<JsonPointer>,
 }
 
 /// `[defaults]` in `streams.toml`.
@@ -58,6 +89,9 @@ pub struct StreamSection {
     pub lon: Option<JsonPointer>,
     /// JSON pointer to the event time; default `/occurred_at`.
     pub time: Option<JsonPointer>,
+    /// Format preset of this stream's bodies when the stream comes from a header; default
+    /// `pointers`. `lat`, `lon`, `time` override the preset's pointers.
+    pub format: Option<crate::admission::formats::Format>,
 }
 
 /// `areas.toml`.

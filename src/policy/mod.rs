@@ -18,7 +18,9 @@ use sha2::{Digest, Sha256};
 
 pub use store::PolicyStore;
 
-use crate::admission::{Curve, Extractor, Rank};
+use crate::admission::extract::Shape;
+use crate::admission::formats::{ContentMode, Format, PresetStream};
+use crate::admission::{Curve, Extractor, JsonPointer, Rank};
 use file::{AreasFile, StreamsFile};
 
 /// The stream file's name inside a policy directory. Required.
@@ -100,8 +102,224 @@ pub struct StreamPolicy {
     pub mode: Mode,
     /// `false`: every event of this (sheddable) stream is shed, reason `disabled`.
     pub enabled: bool,
+    /// Its format preset (for bodies of this stream read without a route).
+    pub format: Format,
     /// Where its events keep their facts.
     pub extractor: Extractor,
+}
+
+/// Where a route's requests name their stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamSource {
+    /// The proxy's stream header (`--stream-header`).
+    DefaultHeader,
+    /// A named header.
+    Header(http::HeaderName),
+    /// Fixed for the route.
+    Fixed(String),
+    /// A body field (per event), mapped, else prefixed.
+    Field {
+        /// Field value → stream name.
+        map: std::collections::BTreeMap<String, String>,
+        /// Put before an unmapped value.
+        prefix: String,
+    },
+}
+
+impl StreamSource {
+    /// The stream name a body field value stands for.
+    pub fn map_field(&self, value: &str) -> Option<String> {
+        match self {
+            StreamSource::Field { map, prefix } => Some(
+                map.get(value)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{prefix}{value}")),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// How one content mode of a route is read.
+#[derive(Debug, Clone)]
+pub struct RouteMode {
+    /// Where its events and facts are.
+    pub extractor: Extractor,
+    /// Where its stream comes from.
+    pub stream: StreamSource,
+    /// A header holding the event time (CloudEvents binary mode: `ce-time`).
+    pub time_header: Option<http::HeaderName>,
+    /// The route only names the stream: its events are read with the stream's own pointers
+    /// (format `pointers` without pointer overrides).
+    pub stream_pointers: bool,
+}
+
+/// A route: a path prefix with its format and stream source.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The prefix.
+    pub prefix: String,
+    /// The format preset.
+    pub format: Format,
+    modes: Vec<(ContentMode, RouteMode)>,
+}
+
+impl Route {
+    /// How to read a request with this `Content-Type` (CloudEvents has three content
+    /// modes; every other format one).
+    pub fn mode(&self, content_type: Option<&[u8]>) -> &RouteMode {
+        self.mode_at(self.mode_index(content_type))
+    }
+
+    /// Index of the mode for this `Content-Type`, for [`Route::mode_at`].
+    pub fn mode_index(&self, content_type: Option<&[u8]>) -> usize {
+        let want = ContentMode::of(content_type);
+        self.modes.iter().position(|(m, _)| *m == want).unwrap_or(0)
+    }
+
+    /// The mode at an index from [`Route::mode_index`] (the first mode if out of range).
+    pub fn mode_at(&self, index: usize) -> &RouteMode {
+        &self.modes.get(index).unwrap_or(&self.modes[0]).1
+    }
+}
+
+/// Replaces a shape's pointers with the ones given.
+fn override_pointers(
+    shape: &mut Shape,
+    lat: Option<JsonPointer>,
+    lon: Option<JsonPointer>,
+    time: Option<JsonPointer>,
+) {
+    if lat.is_some() || lon.is_some() {
+        shape.lonlat = None;
+        let (dlat, dlon, _) = Extractor::default_pointers();
+        shape.lat = Some(lat.or_else(|| shape.lat.clone()).unwrap_or(dlat));
+        shape.lon = Some(lon.or_else(|| shape.lon.clone()).unwrap_or(dlon));
+    }
+    if let Some(t) = time {
+        shape.time = vec![t];
+    }
+}
+
+fn compile_routes(
+    sections: Vec<file::RouteSection>,
+    streams: &HashMap<String, StreamId>,
+    path: &Path,
+    warnings: &mut Vec<Warning>,
+) -> Result<Vec<Route>, PolicyError> {
+    let mut routes: Vec<Route> = Vec::with_capacity(sections.len());
+    for (i, r) in sections.into_iter().enumerate() {
+        let err = |f: &str, message: String| PolicyError {
+            location: Location {
+                file: path.to_owned(),
+                line_col: None,
+                field: Some(format!("routes[{i}].{f}")),
+            },
+            message,
+        };
+        if !r.prefix.starts_with('/') {
+            return Err(err(
+                "prefix",
+                format!("prefix {:?} must start with '/'", r.prefix),
+            ));
+        }
+        if routes.iter().any(|o| o.prefix == r.prefix) {
+            return Err(err(
+                "prefix",
+                format!("duplicate route prefix {:?}", r.prefix),
+            ));
+        }
+        let sources = [
+            r.stream.is_some(),
+            r.stream_header.is_some(),
+            r.stream_field.is_some(),
+        ];
+        if sources.iter().filter(|s| **s).count() > 1 {
+            return Err(err(
+                "stream",
+                "give at most one of stream, stream_header, stream_field".into(),
+            ));
+        }
+        if (r.stream_prefix.is_some() || r.stream_map.is_some()) && r.stream_field.is_none() {
+            let (_, preset, _) = r.format.unwrap_or_default().preset(ContentMode::Structured);
+            if !matches!(preset, PresetStream::Field(..)) {
+                return Err(err(
+                    "stream_map",
+                    "stream_prefix and stream_map apply to a body field (stream_field)".into(),
+                ));
+            }
+        }
+        let known = |name: &str, warnings: &mut Vec<Warning>| {
+            if !streams.contains_key(name) {
+                warnings.push(Warning {
+                    file: path.to_owned(),
+                    message: format!(
+                        "route {:?} names stream {name:?}, which the policy does not classify: \
+                         its events are never shed",
+                        r.prefix
+                    ),
+                });
+            }
+        };
+        if let Some(name) = &r.stream {
+            known(name, warnings);
+        }
+        for name in r.stream_map.iter().flat_map(|m| m.values()) {
+            known(name, warnings);
+        }
+        let format = r.format.unwrap_or_default();
+        let stream_pointers =
+            format == Format::Pointers && r.lat.is_none() && r.lon.is_none() && r.time.is_none();
+        let mut modes = Vec::new();
+        for &mode in format.modes() {
+            let (mut shape, preset, time_header) = format.preset(mode);
+            override_pointers(&mut shape, r.lat.clone(), r.lon.clone(), r.time.clone());
+            let source = if let Some(name) = &r.stream {
+                StreamSource::Fixed(name.clone())
+            } else if let Some(h) = &r.stream_header {
+                StreamSource::Header(
+                    http::HeaderName::try_from(h.as_str())
+                        .map_err(|_| err("stream_header", format!("{h:?} is not a header name")))?,
+                )
+            } else if let Some(field) = &r.stream_field {
+                shape.stream = Some(field.clone());
+                StreamSource::Field {
+                    map: r.stream_map.clone().unwrap_or_default(),
+                    prefix: r.stream_prefix.clone().unwrap_or_default(),
+                }
+            } else {
+                match preset {
+                    PresetStream::Header => StreamSource::DefaultHeader,
+                    PresetStream::NamedHeader(h) => {
+                        StreamSource::Header(http::HeaderName::from_static(h))
+                    }
+                    PresetStream::Field(field, prefix) => {
+                        shape.stream = Some(field);
+                        StreamSource::Field {
+                            map: r.stream_map.clone().unwrap_or_default(),
+                            prefix: r.stream_prefix.clone().unwrap_or_else(|| prefix.to_owned()),
+                        }
+                    }
+                }
+            };
+            let extractor = Extractor::new(shape).map_err(|e| err("lat", e.to_string()))?;
+            modes.push((
+                mode,
+                RouteMode {
+                    extractor,
+                    stream: source,
+                    time_header: time_header.map(http::HeaderName::from_static),
+                    stream_pointers: stream_pointers && r.stream_field.is_none(),
+                },
+            ));
+        }
+        routes.push(Route {
+            prefix: r.prefix,
+            format,
+            modes,
+        });
+    }
+    Ok(routes)
 }
 
 /// One configured area.
@@ -121,6 +339,7 @@ pub struct Policy {
     version: String,
     streams: Vec<StreamPolicy>,
     stream_index: HashMap<String, StreamId>,
+    routes: Vec<Route>,
     areas: Vec<Area>,
     cells: HashMap<u64, AreaId>,
     default_rank: Rank,
@@ -149,6 +368,30 @@ impl Policy {
     /// All streams, in id order.
     pub fn streams(&self) -> &[StreamPolicy] {
         &self.streams
+    }
+
+    /// All routes, in file order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// The route of a request path: the longest prefix that matches at a segment boundary.
+    pub fn route(&self, path: &str) -> Option<&Route> {
+        self.route_index(path).map(|i| &self.routes[i])
+    }
+
+    /// Index (into [`Policy::routes`]) of the route of a request path.
+    pub fn route_index(&self, path: &str) -> Option<usize> {
+        self.routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                path.strip_prefix(r.prefix.as_str()).is_some_and(|rest| {
+                    rest.is_empty() || rest.starts_with('/') || r.prefix.ends_with('/')
+                })
+            })
+            .max_by_key(|(_, r)| r.prefix.len())
+            .map(|(i, _)| i)
     }
 
     /// All areas, in id order.
@@ -461,13 +704,11 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
                 });
             }
         }
-        let (dlat, dlon, dtime) = Extractor::default_pointers();
-        let extractor = Extractor::new(
-            s.lat.unwrap_or(dlat),
-            s.lon.unwrap_or(dlon),
-            s.time.unwrap_or(dtime),
-        )
-        .map_err(|e| at(streams_path, field("lat"), e.to_string()))?;
+        let format = s.format.unwrap_or_default();
+        let (mut shape, _, _) = format.preset(ContentMode::Binary);
+        override_pointers(&mut shape, s.lat, s.lon, s.time);
+        let extractor =
+            Extractor::new(shape).map_err(|e| at(streams_path, field("lat"), e.to_string()))?;
         let id = StreamId(u32::try_from(streams.len()).unwrap_or(u32::MAX));
         stream_index.insert(name.clone(), id);
         streams.push(StreamPolicy {
@@ -477,6 +718,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             stale_after: s.stale_after.map_or(default_stale, |v| v.0),
             mode: stream_mode,
             enabled,
+            format,
             extractor,
         });
     }
@@ -494,6 +736,8 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             message: "no self-superseding stream: nothing is ever shed".into(),
         });
     }
+
+    let routes = compile_routes(sf.routes, &stream_index, streams_path, &mut warnings)?;
 
     let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
     let mut parsed_regions: HashMap<String, geo::Regions> = HashMap::new();
@@ -655,6 +899,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             version,
             streams,
             stream_index,
+            routes,
             areas,
             cells,
             default_rank,

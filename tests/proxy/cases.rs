@@ -349,3 +349,220 @@ async fn case_odd_formatting_signed() {
     let body_start = sent.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
     assert_eq!(r.body, &sent[body_start..], "byte-identical body");
 }
+
+// === formats/: real senders (issue: real senders) ===
+
+/// The shed response names `stream`, read its time (an age) and its place (`rank`).
+fn assert_explained(a: &RawAnswer, stream: &str, rank: u64) {
+    let p: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+    assert_eq!(p["stream"], stream, "{p}");
+    assert_eq!(p["rank"], rank, "{p}");
+    let age = p["age_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("time not read: {p}"));
+    assert!((-5.0..60.0).contains(&age), "{p}");
+}
+
+async fn assert_all_facts_read(s: &Setup) {
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[]),
+        0.0,
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn format_owntracks_location() {
+    let s = setup().await;
+    let a = assert_shed(&s, "formats/owntracks-location.http", 0.75).await;
+    assert_explained(&a, "owntracks.location", 50);
+    let r = assert_forwarded(&s, "formats/owntracks-location.http", 0.3).await;
+    assert!(r.body.starts_with(b"{\"_type\":\"location\""));
+    assert_all_facts_read(&s).await;
+}
+
+#[tokio::test]
+async fn format_owntracks_transition() {
+    let s = setup().await;
+    assert_forwarded(&s, "formats/owntracks-transition.http", 1.0).await;
+}
+
+#[tokio::test]
+async fn format_traccar_position() {
+    let s = setup().await;
+    let a = assert_shed(&s, "formats/traccar-position.http", 0.75).await;
+    assert_explained(&a, "traccar.position", 50);
+    assert_all_facts_read(&s).await;
+}
+
+#[tokio::test]
+async fn format_traccar_events() {
+    let s = setup().await;
+    assert_forwarded(&s, "formats/traccar-event-geofence.http", 1.0).await;
+    assert_forwarded(&s, "formats/traccar-event-no-position.http", 1.0).await;
+}
+
+#[tokio::test]
+async fn format_overland_batch() {
+    let s = setup().await;
+    let a = assert_shed(&s, "formats/overland-batch.http", 0.75).await;
+    assert_explained(&a, "overland.location", 50);
+    let r = assert_forwarded(&s, "formats/overland-batch.http", 0.3).await;
+    assert!(r.body.starts_with(b"{\"locations\":["), "forwarded whole");
+    assert_all_facts_read(&s).await;
+}
+
+#[tokio::test]
+async fn format_cloudevents_binary_position() {
+    let s = setup().await;
+    let a = assert_shed(&s, "formats/cloudevents-binary-position.http", 0.75).await;
+    assert_explained(&a, "com.example.fleet.position", 50);
+    assert_all_facts_read(&s).await;
+}
+
+#[tokio::test]
+async fn format_cloudevents_structured_geofence() {
+    let s = setup().await;
+    assert_forwarded(&s, "formats/cloudevents-structured-geofence.http", 1.0).await;
+}
+
+#[tokio::test]
+async fn format_cloudevents_batch_with_a_never_event() {
+    let s = setup().await;
+    assert_forwarded(&s, "formats/cloudevents-batch-mixed.http", 1.0).await;
+}
+
+#[tokio::test]
+async fn format_standard_webhooks_position() {
+    let s = setup().await;
+    let a = assert_shed(&s, "formats/standard-webhooks-position.http", 0.75).await;
+    assert_explained(&a, "vehicle.position", 50);
+    let case = "formats/standard-webhooks-position.http";
+    let r = assert_forwarded(&s, case, 0.3).await;
+    assert!(
+        signature_verifies(&r),
+        "the upstream verifies the signature"
+    );
+    assert_all_facts_read(&s).await;
+}
+
+#[tokio::test]
+async fn format_geojson_feature() {
+    let s = setup().await;
+    let a = assert_shed(&s, "formats/geojson-feature.http", 0.75).await;
+    assert_explained(&a, "sensor.reading", 50);
+    assert_all_facts_read(&s).await;
+}
+
+/// A webhook-timestamp header (a delivery attempt's time) is never the event's time: an
+/// event an hour old with a fresh delivery timestamp is stale.
+#[tokio::test]
+async fn standard_webhooks_delivery_time_is_not_the_event_time() {
+    let s = setup().await;
+    pin(&s.proxy, 0.0).await;
+    let hour_ago = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let body = format!(
+        r#"{{"type":"vehicle.position","timestamp":"{}Z","data":{{"lat":35.68,"lon":139.69}}}}"#,
+        rfc3339(hour_ago, false)
+    );
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let req = format!(
+        "POST /ingest/hooks HTTP/1.1\r\nHost: x\r\nwebhook-id: m1\r\nwebhook-timestamp: {now}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let a = exchange(&s.proxy, req.as_bytes()).await;
+    assert_eq!(a.status, 202);
+    assert_eq!(a.header("x-shed-reason"), Some("stale"));
+}
+
+/// Batches: stale only if the newest event is; the most important rank of their points.
+#[tokio::test]
+async fn overland_batch_with_one_fresh_point_is_not_stale() {
+    let s = setup().await;
+    pin(&s.proxy, 0.0).await;
+    let point = |lon: f64, lat: f64, age: i64| {
+        let t = time::OffsetDateTime::now_utc() - time::Duration::seconds(age);
+        format!(
+            r#"{{"type":"Feature","geometry":{{"type":"Point","coordinates":[{lon},{lat}]}},"properties":{{"timestamp":"{}Z"}}}}"#,
+            rfc3339(t, false)
+        )
+    };
+    let send_batch = |points: Vec<String>| {
+        let body = format!(r#"{{"locations":[{}]}}"#, points.join(","));
+        format!(
+            "POST /ingest/overland HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let stale_and_fresh = send_batch(vec![point(11.57, 48.13, 600), point(11.58, 48.14, 1)]);
+    assert_eq!(
+        exchange(&s.proxy, stale_and_fresh.as_bytes()).await.status,
+        200
+    );
+    let all_stale = send_batch(vec![point(11.57, 48.13, 600), point(11.58, 48.14, 300)]);
+    let a = exchange(&s.proxy, all_stale.as_bytes()).await;
+    assert_eq!((a.status, a.header("x-shed-reason")), (202, Some("stale")));
+    // One point in Berlin (rank 5) keeps a batch of Munich points at 0.75.
+    pin(&s.proxy, 0.75).await;
+    let mixed = send_batch(vec![point(11.57, 48.13, 1), point(13.405, 52.52, 1)]);
+    assert_eq!(exchange(&s.proxy, mixed.as_bytes()).await.status, 200);
+    let munich = send_batch(vec![point(11.57, 48.13, 1), point(11.58, 48.14, 1)]);
+    assert_eq!(exchange(&s.proxy, munich.as_bytes()).await.status, 503);
+}
+
+/// Unreadable is never a reason to shed: a sheddable stream's body that is not JSON is
+/// decided at the default rank (forwarded below the floor) and counted.
+#[tokio::test]
+async fn unreadable_bodies_are_admitted_and_counted() {
+    let s = setup().await;
+    pin(&s.proxy, 0.3).await;
+    for body in ["not json at all", "{\"lat\": 52.5, \"lon\"", "[1,2,3]"] {
+        let req = format!(
+            "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(
+            exchange(&s.proxy, req.as_bytes()).await.status,
+            200,
+            "{body}"
+        );
+    }
+    // A body-named stream that cannot be read is unknown: never shed, even at 1.0.
+    pin(&s.proxy, 1.0).await;
+    let req = "POST /ingest/owntracks HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nnope!";
+    assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200);
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[("fact", "body")]),
+        2.0
+    );
+}
+
+/// A clock far off is not believed: no readable time, counted, so not stale.
+#[tokio::test]
+async fn implausible_times_are_not_believed() {
+    let s = setup().await;
+    pin(&s.proxy, 0.0).await;
+    for t in [
+        "\"1970-01-01T00:00:05Z\"",
+        "86400",
+        "\"2099-01-01T00:00:00Z\"",
+    ] {
+        let body = format!(r#"{{"lat":48.1,"lon":11.5,"occurred_at":{t}}}"#);
+        let req = format!(
+            "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200, "{t}");
+    }
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_unreadable_facts_total",
+            &[("fact", "time_implausible")]
+        ),
+        3.0
+    );
+}

@@ -1,0 +1,272 @@
+//! Format presets: where real senders put the stream, the coordinates and the time
+//! (issue "Real senders"; examples in tests/cases/formats). Each preset is a [`Shape`] (and,
+//! for CloudEvents, one per content mode) plus where the stream name comes from.
+//!
+//! | preset | events | coordinates | time | stream |
+//! |---|---|---|---|---|
+//! | `pointers` | the body | `/lat`, `/lon` (the stream's pointers) | `/occurred_at` | header |
+//! | `owntracks` | the body | `/lat`, `/lon` | `/tst` (unix s) | body `/_type`, as `owntracks.<_type>` |
+//! | `traccar` | the body | `/position/latitude`, `/position/longitude` | `/position/fixTime`, else `/event/eventTime` | header |
+//! | `overland` | `/locations[*]` | GeoJSON `/geometry/coordinates` | `/properties/timestamp` | the route's `stream` |
+//! | `geojson` | the Feature, or `/features[*]` | GeoJSON `/geometry/coordinates` | `/properties/time`, else `/properties/timestamp` | header |
+//! | `cloudevents` binary | the body (`data`) | `/lat`, `/lon` | `ce-time` header | `ce-type` header |
+//! | `cloudevents` structured | the body | `/data/lat`, `/data/lon` | `/time` | body `/type` |
+//! | `cloudevents` batched | `[*]` | `/data/lat`, `/data/lon` | `/time` | each event's `/type` |
+//! | `standard-webhooks` | the body | `/data/lat`, `/data/lon` | `/timestamp` (never the `webhook-timestamp` header: a delivery attempt's time) | body `/type` |
+
+use serde::{Deserialize, Serialize};
+
+use super::extract::{JsonPointer, Shape};
+
+/// A format preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// Plain JSON pointers (the stream's `lat`, `lon`, `time`).
+    #[default]
+    Pointers,
+    /// OwnTracks HTTP mode.
+    Owntracks,
+    /// Traccar position and event forwarding.
+    Traccar,
+    /// Overland (a batch of GeoJSON Points).
+    Overland,
+    /// GeoJSON Feature or FeatureCollection.
+    Geojson,
+    /// CloudEvents HTTP binding: binary, structured and batched content modes.
+    Cloudevents,
+    /// Standard Webhooks.
+    StandardWebhooks,
+}
+
+/// CloudEvents content mode, from `Content-Type` (CloudEvents HTTP binding, section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentMode {
+    /// `application/cloudevents-batch+json`.
+    Batched,
+    /// `application/cloudevents+json`.
+    Structured,
+    /// Anything else: the body is the event's data, attributes are `ce-` headers.
+    Binary,
+}
+
+impl ContentMode {
+    /// The mode a `Content-Type` value selects.
+    pub fn of(content_type: Option<&[u8]>) -> Self {
+        let ct = content_type
+            .map(|v| String::from_utf8_lossy(v).to_ascii_lowercase())
+            .unwrap_or_default();
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        match essence {
+            "application/cloudevents-batch+json" => ContentMode::Batched,
+            e if e.starts_with("application/cloudevents") => ContentMode::Structured,
+            _ => ContentMode::Binary,
+        }
+    }
+}
+
+/// Where a preset takes the stream from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresetStream {
+    /// The proxy's stream header (or the route's).
+    Header,
+    /// A named header.
+    NamedHeader(&'static str),
+    /// A body field, with a prefix put before its value.
+    Field(JsonPointer, &'static str),
+}
+
+fn p(text: &str) -> JsonPointer {
+    JsonPointer::parse(text).unwrap_or_else(|_| unreachable!("preset pointers are valid"))
+}
+
+impl Format {
+    /// The shape of events of this format (for CloudEvents, of the given content mode), and
+    /// where the stream comes from, and a header holding the time if the body does not.
+    pub fn preset(self, mode: ContentMode) -> (Shape, PresetStream, Option<&'static str>) {
+        let one = |lat: &str, lon: &str, time: &[&str]| Shape {
+            root: true,
+            lat: Some(p(lat)),
+            lon: Some(p(lon)),
+            time: time.iter().map(|t| p(t)).collect(),
+            ..Shape::default()
+        };
+        match self {
+            Format::Pointers => (
+                one("/lat", "/lon", &["/occurred_at"]),
+                PresetStream::Header,
+                None,
+            ),
+            Format::Owntracks => (
+                one("/lat", "/lon", &["/tst"]),
+                PresetStream::Field(p("/_type"), "owntracks."),
+                None,
+            ),
+            Format::Traccar => (
+                one(
+                    "/position/latitude",
+                    "/position/longitude",
+                    &["/position/fixTime", "/event/eventTime"],
+                ),
+                PresetStream::Header,
+                None,
+            ),
+            Format::Overland => (
+                Shape {
+                    arrays: vec![p("/locations")],
+                    lonlat: Some(p("/geometry/coordinates")),
+                    time: vec![p("/properties/timestamp")],
+                    ..Shape::default()
+                },
+                PresetStream::Header,
+                None,
+            ),
+            Format::Geojson => (
+                Shape {
+                    root: true,
+                    arrays: vec![p("/features")],
+                    lonlat: Some(p("/geometry/coordinates")),
+                    time: vec![p("/properties/time"), p("/properties/timestamp")],
+                    ..Shape::default()
+                },
+                PresetStream::Header,
+                None,
+            ),
+            Format::Cloudevents => match mode {
+                ContentMode::Binary => (
+                    one("/lat", "/lon", &[]),
+                    PresetStream::NamedHeader("ce-type"),
+                    Some("ce-time"),
+                ),
+                ContentMode::Structured | ContentMode::Batched => {
+                    let mut shape = one("/data/lat", "/data/lon", &["/time"]);
+                    shape.stream = Some(p("/type"));
+                    if mode == ContentMode::Batched {
+                        shape.root = false;
+                        shape.root_array = true;
+                    }
+                    (shape, PresetStream::Field(p("/type"), ""), None)
+                }
+            },
+            Format::StandardWebhooks => (
+                one("/data/lat", "/data/lon", &["/timestamp"]),
+                PresetStream::Field(p("/type"), ""),
+                None,
+            ),
+        }
+    }
+
+    /// Whether the format's events come from the body in more than one content mode.
+    pub fn modes(self) -> &'static [ContentMode] {
+        match self {
+            Format::Cloudevents => &[
+                ContentMode::Binary,
+                ContentMode::Structured,
+                ContentMode::Batched,
+            ],
+            _ => &[ContentMode::Binary],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::extract::{Coordinates, EventTime, Extractor};
+
+    fn extract(format: Format, mode: ContentMode, body: &str) -> crate::admission::BodyFacts {
+        let (mut shape, stream, _) = format.preset(mode);
+        if let PresetStream::Field(p, _) = stream {
+            shape.stream = Some(p);
+        }
+        Extractor::new(shape).unwrap().extract(body.as_bytes())
+    }
+
+    #[test]
+    fn coordinates_in_every_order() {
+        // Named fields, GeoJSON [lon, lat] (with altitude), numbers as strings.
+        let named = extract(
+            Format::Pointers,
+            ContentMode::Binary,
+            r#"{"lat":"52.5","lon":13.4}"#,
+        );
+        let geo = extract(
+            Format::Geojson,
+            ContentMode::Binary,
+            r#"{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5,34.0]}}"#,
+        );
+        let strings = extract(
+            Format::Geojson,
+            ContentMode::Binary,
+            r#"{"geometry":{"coordinates":["13.4","52.5"]}}"#,
+        );
+        for f in [named, geo, strings] {
+            assert_eq!(
+                f.events[0].coordinates,
+                Coordinates::Valid {
+                    lat: 52.5,
+                    lon: 13.4
+                }
+            );
+        }
+        // A swapped GeoJSON pair (lat first) with lat out of range is invalid, not wrapped.
+        let swapped = extract(
+            Format::Geojson,
+            ContentMode::Binary,
+            r#"{"geometry":{"coordinates":[-33.8,151.2]}}"#,
+        );
+        assert_eq!(swapped.events[0].coordinates, Coordinates::Invalid);
+    }
+
+    #[test]
+    fn batches_are_read_per_event() {
+        let f = extract(
+            Format::Cloudevents,
+            ContentMode::Batched,
+            r#"[{"type":"a","time":"2026-05-28T20:26:40Z","data":{"lat":1,"lon":2}},{"type":"b","data":{}}]"#,
+        );
+        assert!(f.batch);
+        assert_eq!(f.events.len(), 2);
+        assert_eq!(f.events[0].stream.as_deref(), Some("a"));
+        assert_eq!(f.events[1].stream.as_deref(), Some("b"));
+        assert_eq!(
+            f.events[0].coordinates,
+            Coordinates::Valid { lat: 1.0, lon: 2.0 }
+        );
+        assert_eq!(f.events[1].coordinates, Coordinates::Missing);
+        assert!(matches!(f.events[0].time, EventTime::At(_)));
+        // A FeatureCollection is a batch; a single Feature is not.
+        let fc = extract(
+            Format::Geojson,
+            ContentMode::Binary,
+            r#"{"type":"FeatureCollection","features":[{"geometry":{"coordinates":[1,2]}},{"geometry":{"coordinates":[3,4]}}]}"#,
+        );
+        assert!(fc.batch);
+        assert_eq!(fc.events.len(), 2);
+        // Traccar: fixTime, else the event's time.
+        let t = extract(
+            Format::Traccar,
+            ContentMode::Binary,
+            r#"{"event":{"eventTime":"2026-05-28T20:26:40.000+00:00"}}"#,
+        );
+        assert!(matches!(t.events[0].time, EventTime::At(_)));
+        assert_eq!(t.events[0].coordinates, Coordinates::Missing);
+    }
+
+    #[test]
+    fn content_modes() {
+        assert_eq!(
+            ContentMode::of(Some(b"application/cloudevents-batch+json")),
+            ContentMode::Batched
+        );
+        assert_eq!(
+            ContentMode::of(Some(b"application/cloudevents+json; charset=utf-8")),
+            ContentMode::Structured
+        );
+        assert_eq!(
+            ContentMode::of(Some(b"application/json")),
+            ContentMode::Binary
+        );
+        assert_eq!(ContentMode::of(None), ContentMode::Binary);
+    }
+}
