@@ -54,7 +54,15 @@ fn bench(c: &mut Criterion) {
                 .extract(black_box(&body));
             let events: Vec<_> = body.events.iter().map(|e| (stream, e)).collect();
             let (stream, facts) = admission::summarise(policy, body.body, &events);
-            let d = admission::decide(policy, stream, &facts, now, pressure, black_box(0.3));
+            let d = admission::decide(
+                policy,
+                stream,
+                &facts,
+                now,
+                pressure,
+                black_box(0.3),
+                &admission::Load::IDLE,
+            );
             snapshot.metrics.shed(stream, d.area, d.verdict);
             snapshot
                 .metrics

@@ -38,6 +38,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/policy", get(policy))
         .route("/reload", axum::routing::post(reload))
+        .route("/stats", get(stats))
         .route(
             "/pressure",
             get(get_pressure).put(pin_pressure).delete(unpin_pressure),
@@ -112,7 +113,7 @@ async fn policy(State(s): State<AdminState>) -> Response {
                 supersession: st.supersession,
                 class: st.class,
                 mode: st.mode,
-                enabled: st.enabled,
+                enabled: !st.disabled.active(crate::admission::UnixMillis::now()),
                 stale_after_seconds: st.stale_after.as_secs_f64(),
                 format: st.format,
                 pointers: st.extractor.shape().describe(),
@@ -153,6 +154,63 @@ async fn reload(State(s): State<AdminState>) -> Response {
             r
         }
         _ => Json(outcome).into_response(),
+    }
+}
+
+/// `GET /stats`: accepted, shed by reason, active and shed rate per stream and per class,
+/// over the last minute and since start, the current rank cut-off, and what is disabled.
+async fn stats(State(s): State<AdminState>) -> Response {
+    let snapshot = s.store.load();
+    let policy = &snapshot.policy;
+    let now = crate::admission::UnixMillis::now();
+    let (streams, classes) = s.metrics.stats.report(now, |name| {
+        if name == crate::metrics::UNKNOWN_STREAM {
+            return Some(crate::policy::Class::Critical.as_str());
+        }
+        policy
+            .stream(name)
+            .map(|id| policy.stream_policy(id).class.as_str())
+    });
+    let pressure = s.pressure.pressure();
+    let mut disabled = Vec::new();
+    for st in policy.streams() {
+        if st.disabled.active(now) {
+            disabled.push(serde_json::json!({"stream": st.name, "until": until_text(st.disabled)}));
+        }
+    }
+    for class in crate::policy::Class::ALL {
+        let c = policy.class(class);
+        if c.disabled.active(now) {
+            disabled.push(
+                serde_json::json!({"class": class.as_str(), "until": until_text(c.disabled)}),
+            );
+        }
+    }
+    Json(serde_json::json!({
+        "pressure": pressure.get(),
+        "pinned": s.pressure.is_pinned(),
+        "rank_cutoff": crate::admission::Curve::threshold(pressure),
+        "inflight": s.pressure.inflight(),
+        "streams": streams,
+        "classes": classes,
+        "disabled": disabled,
+        "warn_note": "warn-mode would-sheds are counted at the observed pressure, which is higher than enforcing would leave it",
+        "policy_version": policy.version(),
+    }))
+    .into_response()
+}
+
+fn until_text(d: crate::policy::Disable) -> Option<String> {
+    match d {
+        crate::policy::Disable::Until(t) => {
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(t.0) * 1_000_000)
+                .ok()
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+        }
+        _ => None,
     }
 }
 

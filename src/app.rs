@@ -75,7 +75,7 @@ pub fn build_stack(
                 stream_header: config.stream_header.clone(),
                 max_body: config.max_body,
                 body_read_timeout: config.body_read_timeout,
-                retry_after_max: config.retry_after_max,
+                capacity: config.controller.max_inflight.get(),
             },
             sources,
         ))
@@ -228,6 +228,12 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         }
         last = now;
         upkeep += 1;
+        if upkeep.is_multiple_of(20) {
+            m.export_disabled(
+                &parts.store.load().policy,
+                crate::admission::UnixMillis::now(),
+            );
+        }
         if upkeep >= 100 {
             upkeep = 0;
             m.run_upkeep();

@@ -56,9 +56,6 @@ pub struct ServeArgs {
     /// Upstream latency considered at target (pressure 0.5), e.g. `50ms` [default: 100ms].
     #[arg(long, value_name = "DURATION")]
     pub latency_target: Option<String>,
-    /// Largest `Retry-After`, seconds [default: 30].
-    #[arg(long, value_name = "SECONDS")]
-    pub retry_after_max: Option<u32>,
     /// Time in-flight requests get to finish on shutdown [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub drain_timeout: Option<String>,
@@ -87,7 +84,6 @@ struct FileConfig {
     body_read_timeout: Option<String>,
     max_inflight: Option<u32>,
     latency_target: Option<String>,
-    retry_after_max: Option<u32>,
     drain_timeout: Option<String>,
     policy_recheck: Option<String>,
     host_header: Option<String>,
@@ -118,8 +114,6 @@ pub struct Config {
     pub body_read_timeout: Duration,
     /// Pressure controller settings.
     pub controller: ControllerConfig,
-    /// Largest `Retry-After`, seconds (at least 1).
-    pub retry_after_max: u32,
     /// Shutdown drain time.
     pub drain_timeout: Duration,
     /// Periodic policy re-check interval.
@@ -260,10 +254,6 @@ impl Config {
         }
         let max_inflight = NonZeroU32::new(args.max_inflight.or(file.max_inflight).unwrap_or(64))
             .ok_or_else(|| invalid("max-inflight", "must be positive"))?;
-        let retry_after_max = args.retry_after_max.or(file.retry_after_max).unwrap_or(30);
-        if retry_after_max == 0 {
-            return Err(invalid("retry-after-max", "must be at least 1 second"));
-        }
         let upstream_timeout = duration(
             "upstream-timeout",
             args.upstream_timeout.or(file.upstream_timeout),
@@ -313,7 +303,6 @@ impl Config {
                 max_inflight,
                 latency_target,
             },
-            retry_after_max,
             drain_timeout: duration(
                 "drain-timeout",
                 args.drain_timeout.or(file.drain_timeout),

@@ -28,7 +28,9 @@
 //! - [`rejection`]: the one place where reasons become statuses, `Retry-After` and
 //!   problem+json.
 //! - [`metrics`]: metric names as constants with descriptions, and pre-registered handles.
-//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/pressure`).
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/reload`,
+//!   `/pressure`, `/stats`).
+//! - [`stats`]: the operational summary behind `/stats`.
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
 //! - [`framing`]: the request-smuggling guard on each connection's raw bytes.
 //! - [`demo`]: the self-contained demo (fixed-capacity upstream, proxy, real geography).
@@ -44,6 +46,7 @@ pub mod middleware;
 pub mod policy;
 pub mod pressure;
 pub mod rejection;
+pub mod stats;
 pub mod upstream;
 
 /// Boxed error used where errors of several layers meet (body streams, the proxy client).

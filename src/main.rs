@@ -189,7 +189,15 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         let at = UnixMillis(now.0 - (age * 1000.0).round() as i64);
         facts.time = EventTime::At(at);
     }
-    let decision = admission::decide(p, stream, &facts, now, pressure, args.draw);
+    let decision = admission::decide(
+        p,
+        stream,
+        &facts,
+        now,
+        pressure,
+        args.draw,
+        &admission::Load::IDLE,
+    );
     let name = stream.map(|id| p.stream_policy(id).name.as_str());
     let explanation = Explanation::new(p, name, &decision);
     if args.json {

@@ -20,7 +20,8 @@ use crate::policy::{AreaId, Policy, StreamId};
 
 /// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
 pub const REQUESTS: &str = "shedgate_requests_total";
-/// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `disabled`).
+/// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `disabled`,
+/// `budget`).
 pub const SHED: &str = "shedgate_shed_total";
 /// Warn-mode would-sheds (admitted), by `stream`, `area` and `reason`. Counted at the observed
 /// pressure, which is higher than enforcement would leave it.
@@ -54,6 +55,10 @@ pub const POLICY_RELOAD_SUCCESS: &str = "shedgate_policy_reload_success";
 /// Unix time of the last policy load attempt that read new content (success or failure).
 pub const POLICY_LAST_RELOAD: &str = "shedgate_policy_last_reload_timestamp_seconds";
 
+/// What is live-disabled: `scope` (`stream` or `class`) and `name`; the value is the unix
+/// time it re-enables itself, `+Inf` when disabled until further notice, 0 when enabled.
+pub const DISABLED_UNTIL: &str = "shedgate_disabled_until_timestamp_seconds";
+
 /// Area label for places no configured area covers.
 pub const UNCONFIGURED_AREA: &str = "unconfigured";
 /// Stream label for streams the policy does not name.
@@ -69,7 +74,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         SHED,
         "counter",
-        "Requests shed, by stream, area and reason (pressure, stale, disabled).",
+        "Requests shed, by stream, area and reason (pressure, stale, disabled, budget).",
     ),
     (
         WOULD_SHED,
@@ -130,6 +135,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         POLICY_RELOAD_SUCCESS,
         "gauge",
         "1 when the last policy load succeeded.",
+    ),
+    (
+        DISABLED_UNTIL,
+        "gauge",
+        "Live-disabled streams and classes: unix time they re-enable, +Inf until further notice, 0 enabled.",
     ),
     (
         POLICY_LAST_RELOAD,
@@ -254,6 +264,9 @@ pub struct Metrics {
     reload_failure: Counter,
     reload_ok: Gauge,
     last_reload: Gauge,
+    /// The `/stats` counts, kept across policy reloads.
+    pub stats: crate::stats::Stats,
+    disabled: std::sync::Mutex<std::collections::HashMap<(&'static str, String), Gauge>>,
     policy_info: std::sync::Mutex<Option<Gauge>>,
 }
 
@@ -304,6 +317,8 @@ impl Metrics {
             reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
             reload_ok: gauge(POLICY_RELOAD_SUCCESS),
             last_reload: gauge(POLICY_LAST_RELOAD),
+            stats: crate::stats::Stats::default(),
+            disabled: std::sync::Mutex::default(),
             policy_info: std::sync::Mutex::new(None),
             recorder,
             handle,
@@ -351,6 +366,45 @@ impl Metrics {
         self.reload_ok.set(1.0);
     }
 
+    /// Exports what `policy` disables at `now` ([`DISABLED_UNTIL`]); switches that ended or
+    /// left the policy go to 0.
+    pub fn export_disabled(&self, policy: &Policy, now: crate::admission::UnixMillis) {
+        use crate::policy::{Class, Disable};
+        let mut live: Vec<((&'static str, String), f64)> = Vec::new();
+        #[allow(clippy::cast_precision_loss)]
+        let value = |d: Disable| match d {
+            Disable::Until(t) => t.0 as f64 / 1000.0,
+            _ => f64::INFINITY,
+        };
+        for s in policy.streams() {
+            if s.disabled.active(now) {
+                live.push((("stream", s.name.clone()), value(s.disabled)));
+            }
+        }
+        for c in Class::ALL {
+            let d = policy.class(c).disabled;
+            if d.active(now) {
+                live.push((("class", c.as_str().to_owned()), value(d)));
+            }
+        }
+        let mut gauges = self.disabled.lock().unwrap_or_else(|p| p.into_inner());
+        for g in gauges.values() {
+            g.set(0.0);
+        }
+        for (key, v) in live {
+            let gauge = gauges.entry(key.clone()).or_insert_with(|| {
+                self.recorder.register_gauge(
+                    &Key::from_parts(
+                        DISABLED_UNTIL,
+                        vec![Label::new("scope", key.0), Label::new("name", key.1)],
+                    ),
+                    &metadata(),
+                )
+            });
+            gauge.set(v);
+        }
+    }
+
     /// Records a failed policy load at `now`.
     pub fn policy_reload_failed(&self, now: crate::admission::UnixMillis) {
         self.reload_failure.increment(1);
@@ -389,6 +443,8 @@ pub struct PolicyMetrics {
     sheds: Vec<OnceLock<Counter>>,
     /// `[slot][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 4]>,
+    /// `[slot]`: the `/stats` counts of each stream.
+    counts: Vec<Arc<crate::stats::Counts>>,
 }
 
 impl std::fmt::Debug for PolicyMetrics {
@@ -409,7 +465,12 @@ impl PolicyMetrics {
         let sheds = (0..slots * area_names.len() * ShedReason::ALL.len() * 2)
             .map(|_| OnceLock::new())
             .collect();
+        let counts = stream_names
+            .iter()
+            .map(|n| metrics.stats.counts(n))
+            .collect();
         PolicyMetrics {
+            counts,
             metrics: Arc::clone(metrics),
             requests: (0..slots).map(|_| Default::default()).collect(),
             unreadable: (0..slots).map(|_| Default::default()).collect(),
@@ -470,6 +531,11 @@ impl PolicyMetrics {
                 )
             })
             .increment(1);
+    }
+
+    /// The `/stats` counts of a stream (`None`: unknown).
+    pub fn counts(&self, stream: Option<StreamId>) -> &Arc<crate::stats::Counts> {
+        &self.counts[self.slot(stream)]
     }
 
     /// Counts an unreadable fact.

@@ -78,6 +78,8 @@ pub struct Explanation {
     pub would_shed: Option<&'static str>,
     /// The stream as the policy names it, or `unknown`.
     pub stream: String,
+    /// The stream's class (`critical` for unknown streams).
+    pub class: &'static str,
     /// The area name, or `unconfigured`.
     pub area: String,
     /// The rank used, 1..=100.
@@ -109,6 +111,12 @@ impl Explanation {
             reason: decision.rule.as_str(),
             would_shed: would,
             stream: stream.unwrap_or(crate::metrics::UNKNOWN_STREAM).to_owned(),
+            class: stream
+                .and_then(|s| policy.stream(s))
+                .map_or(crate::policy::Class::Critical, |id| {
+                    policy.stream_policy(id).class
+                })
+                .as_str(),
             area: decision.area.map_or_else(
                 || crate::metrics::UNCONFIGURED_AREA.to_owned(),
                 |a| policy.area(a).name.clone(),
@@ -122,13 +130,14 @@ impl Explanation {
     }
 }
 
-/// `Retry-After` delay-seconds for a shed at `pressure`: a centre that grows from 1 s at
-/// `p = 0.5` to 5 s at `p = 1`, jittered by `draw` (uniform in `[0, 1)`) over
-/// `[centre / 2, centre * 3 / 2)` so a crowd of shed senders does not come back in the same
-/// second, rounded up, clamped to `[1, max]` (RFC 9110 section 10.2.3: a non-negative
-/// integer of seconds).
-pub fn retry_after(pressure: Pressure, draw: f64, max: u32) -> u32 {
-    let centre = 1.0 + 8.0 * (pressure.get() - 0.5).max(0.0);
+/// `Retry-After` delay-seconds for a shed at `pressure`: a centre that grows from
+/// `policy.base` at `p <= 0.5` to `5 × base` at `p = 1`, jittered by `draw` (uniform in
+/// `[0, 1)`) over `[centre / 2, centre * 3 / 2)` so a crowd of shed senders does not come back
+/// in the same second, rounded up, clamped to `[1, policy.max]` (RFC 9110 section 10.2.3: a
+/// non-negative integer of seconds).
+pub fn retry_after(pressure: Pressure, draw: f64, policy: crate::policy::RetryAfterPolicy) -> u32 {
+    let max = policy.max;
+    let centre = f64::from(policy.base.max(1)) * (1.0 + 8.0 * (pressure.get() - 0.5).max(0.0));
     let jittered = centre * (0.5 + draw.clamp(0.0, 1.0));
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let secs = jittered.ceil().clamp(1.0, f64::from(max.max(1))) as u32;
@@ -287,19 +296,28 @@ impl Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::RetryAfterPolicy;
 
     #[test]
     fn retry_after_is_an_integer_in_range_and_spread() {
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..1000 {
             let draw = f64::from(i) / 1000.0;
-            let s = retry_after(Pressure::new(0.9).unwrap(), draw, 30);
+            let s = retry_after(
+                Pressure::new(0.9).unwrap(),
+                draw,
+                RetryAfterPolicy::default(),
+            );
             assert!((1..=30).contains(&s));
             seen.insert(s);
         }
         assert!(seen.len() >= 3, "{seen:?}");
-        assert_eq!(retry_after(Pressure::FULL, 0.999, 2), 2);
-        assert_eq!(retry_after(Pressure::ZERO, 0.0, 30), 1);
+        let tight = RetryAfterPolicy { base: 1, max: 2 };
+        assert_eq!(retry_after(Pressure::FULL, 0.999, tight), 2);
+        assert_eq!(
+            retry_after(Pressure::ZERO, 0.0, RetryAfterPolicy::default()),
+            1
+        );
     }
 
     #[test]

@@ -99,7 +99,9 @@ pub enum Rule {
     Stale,
     /// Shed by the pressure curve.
     Pressure,
-    /// Considered by the pressure curve and kept.
+    /// Its class is over its concurrency budget and no capacity is idle.
+    Budget,
+    /// Considered by the pressure curve and the budget, and kept.
     Kept,
 }
 
@@ -110,6 +112,7 @@ impl Rule {
             Rule::Disabled => Some(ShedReason::Disabled),
             Rule::Stale => Some(ShedReason::Stale),
             Rule::Pressure => Some(ShedReason::Pressure),
+            Rule::Budget => Some(ShedReason::Budget),
             Rule::NeverShed | Rule::UnknownStream | Rule::Kept => None,
         }
     }
@@ -122,6 +125,7 @@ impl Rule {
             Rule::Disabled => "disabled",
             Rule::Stale => "stale",
             Rule::Pressure => "pressure",
+            Rule::Budget => "budget",
             Rule::Kept => "kept",
         }
     }
@@ -138,14 +142,17 @@ pub enum ShedReason {
     Stale,
     /// Pressure curve.
     Pressure,
+    /// Class over its budget.
+    Budget,
 }
 
 impl ShedReason {
     /// All reasons, in metric-slot order.
-    pub const ALL: [ShedReason; 3] = [
+    pub const ALL: [ShedReason; 4] = [
         ShedReason::Disabled,
         ShedReason::Stale,
         ShedReason::Pressure,
+        ShedReason::Budget,
     ];
 
     /// Stable name: `disabled`, `stale`, `pressure`.
@@ -154,6 +161,7 @@ impl ShedReason {
             ShedReason::Disabled => "disabled",
             ShedReason::Stale => "stale",
             ShedReason::Pressure => "pressure",
+            ShedReason::Budget => "budget",
         }
     }
 
@@ -270,7 +278,42 @@ pub fn summarise(
     }
 }
 
-/// Decides one request (PRODUCT.md "Decision rule", steps 2–7).
+/// Upstream concurrency as the budgets see it: requests in flight per class (indexed by
+/// [`crate::policy::Class::index`]), in total, and the capacity (`--max-inflight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// In flight per class.
+    pub class_inflight: [u32; 3],
+    /// In flight in total.
+    pub total: u32,
+    /// The upstream's in-flight capacity.
+    pub capacity: u32,
+}
+
+impl Load {
+    /// Nothing in flight (explain, tests).
+    pub const IDLE: Load = Load {
+        class_inflight: [0; 3],
+        total: 0,
+        capacity: u32::MAX,
+    };
+
+    /// Whether `class` is over its budget with no idle capacity to borrow: it may exceed its
+    /// share while the upstream has room, and gives the room back as soon as others need it.
+    pub fn over_budget(
+        &self,
+        class: crate::policy::Class,
+        policy: &crate::policy::ClassPolicy,
+    ) -> bool {
+        policy.limit(self.capacity).is_some_and(|limit| {
+            self.class_inflight[class.index()] >= limit && self.total >= self.capacity
+        })
+    }
+}
+
+/// Decides one request (PRODUCT.md "Decision rule", steps 2–7, and "Priority classes and
+/// budgets": after the pressure curve, a class over its budget with no idle capacity is shed
+/// with reason `budget`).
 ///
 /// - `stream`: the stream's id in `policy`, `None` when unknown or missing (→ never shed).
 /// - `facts`: what the body said; [`Facts::UNREAD`] for a body not read.
@@ -285,6 +328,7 @@ pub fn decide(
     now: UnixMillis,
     pressure: Pressure,
     draw: f64,
+    load: &Load,
 ) -> Decision {
     let mut decision = Decision {
         verdict: Verdict::Admit,
@@ -318,7 +362,9 @@ pub fn decide(
             decision.age_ms = Some(age);
         }
     }
-    let warn = stream.mode == Mode::Warn || policy.mode() == Mode::Warn;
+    let class = policy.class(stream.class);
+    let warn =
+        stream.mode == Mode::Warn || class.mode == Some(Mode::Warn) || policy.mode() == Mode::Warn;
     let shed = |d: &mut Decision, rule: Rule, reason: ShedReason| {
         d.rule = rule;
         d.verdict = if warn {
@@ -327,7 +373,7 @@ pub fn decide(
             Verdict::Shed(reason)
         };
     };
-    if !stream.enabled {
+    if stream.disabled.active(now) || class.disabled.active(now) {
         shed(&mut decision, Rule::Disabled, ShedReason::Disabled);
         return decision;
     }
@@ -341,6 +387,8 @@ pub fn decide(
     decision.probability = policy.curve().shed_probability(decision.rank, pressure);
     if draw < decision.probability {
         shed(&mut decision, Rule::Pressure, ShedReason::Pressure);
+    } else if load.over_budget(stream.class, class) {
+        shed(&mut decision, Rule::Budget, ShedReason::Budget);
     } else {
         decision.rule = Rule::Kept;
     }

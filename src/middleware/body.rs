@@ -81,14 +81,14 @@ impl HttpBody for TimedBody {
 /// A response body that keeps its request counted in flight until the body ends, errors or
 /// is dropped (tower-http's in-flight accounting does the same: streaming bodies would
 /// otherwise escape the count).
-pub struct GuardedBody {
+pub struct GuardedBody<G = InflightGuard> {
     inner: crate::rejection::Body,
-    guard: Option<InflightGuard>,
+    guard: Option<G>,
 }
 
-impl GuardedBody {
+impl<G> GuardedBody<G> {
     /// Ties `guard` to `inner`.
-    pub fn new(inner: crate::rejection::Body, guard: InflightGuard) -> Self {
+    pub fn new(inner: crate::rejection::Body, guard: G) -> Self {
         GuardedBody {
             inner,
             guard: Some(guard),
@@ -96,13 +96,13 @@ impl GuardedBody {
     }
 }
 
-impl std::fmt::Debug for GuardedBody {
+impl<G> std::fmt::Debug for GuardedBody<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuardedBody").finish_non_exhaustive()
     }
 }
 
-impl HttpBody for GuardedBody {
+impl<G: Unpin> HttpBody for GuardedBody<G> {
     type Data = Bytes;
     type Error = BoxError;
 

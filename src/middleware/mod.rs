@@ -24,6 +24,7 @@ use tower::{Layer, Service, ServiceExt};
 pub use body::{GuardedBody, TimedBody};
 
 use crate::BoxError;
+use crate::admission::Load;
 use crate::admission::time::parse_time_text;
 use crate::admission::{
     BodyState, Coordinates, EventFacts, EventTime, Facts, ShedReason, UnixMillis, Verdict, decide,
@@ -31,10 +32,11 @@ use crate::admission::{
 };
 use crate::metrics::{Fact, Outcome};
 use crate::policy::store::Snapshot;
-use crate::policy::{PolicyStore, StreamId, StreamSource, Supersession};
+use crate::policy::{Class, PolicyStore, StreamId, StreamSource, Supersession};
 use crate::pressure::PressureGauge;
 use crate::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::upstream::{ForwardBody, UpstreamOutcome};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Request-path settings of the middleware.
 #[derive(Debug, Clone)]
@@ -45,8 +47,8 @@ pub struct AdmissionSettings {
     pub max_body: u64,
     /// Time allowed to receive the whole request body.
     pub body_read_timeout: Duration,
-    /// Upper bound of `Retry-After`, seconds (at least 1).
-    pub retry_after_max: u32,
+    /// The upstream's in-flight capacity (`--max-inflight`), which class budgets share.
+    pub capacity: u32,
 }
 
 /// Inputs the decision takes from outside, injectable for tests.
@@ -75,6 +77,48 @@ struct Shared {
     sources: Sources,
     /// For bodies read on a route whose stream turned out unknown.
     default_extractor: crate::admission::Extractor,
+    /// In flight per class, for budgets.
+    classes: Arc<ClassLoad>,
+}
+
+/// Requests in flight per class; wakes `never` requests waiting for room under a cap.
+#[derive(Debug, Default)]
+pub struct ClassLoad {
+    inflight: [AtomicU32; 3],
+    room: tokio::sync::Notify,
+}
+
+impl ClassLoad {
+    /// The load the budgets see, given the total in flight and the capacity.
+    pub fn load(&self, total: u32, capacity: u32) -> Load {
+        Load {
+            class_inflight: std::array::from_fn(|i| self.inflight[i].load(Ordering::Relaxed)),
+            total,
+            capacity,
+        }
+    }
+
+    fn start(self: &Arc<Self>, class: Class) -> ClassGuard {
+        self.inflight[class.index()].fetch_add(1, Ordering::Relaxed);
+        ClassGuard {
+            load: Arc::clone(self),
+            class,
+        }
+    }
+}
+
+/// One request in flight in a class; dropping it ends it and wakes waiters.
+#[derive(Debug)]
+struct ClassGuard {
+    load: Arc<ClassLoad>,
+    class: Class,
+}
+
+impl Drop for ClassGuard {
+    fn drop(&mut self) {
+        self.load.inflight[self.class.index()].fetch_sub(1, Ordering::Relaxed);
+        self.load.room.notify_waiters();
+    }
 }
 
 /// Wraps a proxy service with admission control.
@@ -98,6 +142,7 @@ impl AdmissionLayer {
                 settings,
                 sources,
                 default_extractor: crate::admission::Extractor::default(),
+                classes: Arc::new(ClassLoad::default()),
             }),
         }
     }
@@ -218,6 +263,23 @@ where
             )
             .boxed_unsync();
             let req = Request::from_parts(parts, body);
+            let class = snapshot.policy.class_of(stream);
+            let capped = snapshot.policy.class(class).wait.is_some();
+            if capped
+                && shared
+                    .load()
+                    .over_budget(class, snapshot.policy.class(class))
+            {
+                return ResponseFuture::boxed(async move {
+                    if wait_for_room(&shared, &snapshot.policy, class)
+                        .await
+                        .is_err()
+                    {
+                        return cap_exceeded(&shared, &snapshot, stream);
+                    }
+                    forward(shared, inner, snapshot, stream, req).await
+                });
+            }
             ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req))
         }
     }
@@ -362,6 +424,7 @@ where
         now,
         pressure,
         (shared.sources.draw)(),
+        &shared.load(),
     );
     m.shed(stream, decision.area, decision.verdict);
     if decision.implausible_time {
@@ -387,13 +450,14 @@ where
                     status: policy.stale_status(),
                 }
             } else {
-                let secs = retry_after(pressure, (shared.sources.draw)(), settings.retry_after_max);
+                let secs = retry_after(pressure, (shared.sources.draw)(), policy.retry_after());
                 Rejection::Shed {
                     explanation,
                     retry_after: secs,
                 }
             };
             m.request(stream, Outcome::Shed);
+            m.counts(stream).shed(reason, now);
             rejection.into_response()
         }
         Verdict::Admit | Verdict::WouldShed(_) => {
@@ -424,7 +488,14 @@ where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
-    let guard = shared.pressure.start();
+    let class = snapshot.policy.class_of(stream);
+    let counts = snapshot.metrics.counts(stream);
+    counts.accepted((shared.sources.clock)());
+    let guard = (
+        shared.pressure.start(),
+        shared.classes.start(class),
+        counts.start(),
+    );
     // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
     // generic future directly trips rustc's higher-ranked `Send` inference.
     let call: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>> =
@@ -475,6 +546,38 @@ fn error_kind(status: http::StatusCode) -> Option<crate::metrics::ErrorKind> {
     }
 }
 
+/// A capped `never` class stayed over its budget for the whole wait: 503 + `Retry-After`.
+fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) -> Response<Body> {
+    let policy = &snapshot.policy;
+    let now = (shared.sources.clock)();
+    let pressure = shared.pressure.pressure();
+    let decision = crate::admission::Decision {
+        verdict: Verdict::Shed(ShedReason::Budget),
+        rule: crate::admission::Rule::Budget,
+        area: None,
+        rank: policy.default_rank(),
+        probability: 0.0,
+        pressure,
+        age_ms: None,
+        implausible_time: false,
+    };
+    let m = &snapshot.metrics;
+    m.shed(stream, None, decision.verdict);
+    m.request(stream, Outcome::Shed);
+    m.counts(stream).shed(ShedReason::Budget, now);
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    tracing::warn!(
+        stream = name.unwrap_or(crate::metrics::UNKNOWN_STREAM),
+        class = policy.class_of(stream).as_str(),
+        "capped class stayed over its budget for its whole wait: 503, the sender retries"
+    );
+    Rejection::Shed {
+        explanation: Explanation::new(policy, name, &decision),
+        retry_after: retry_after(pressure, (shared.sources.draw)(), policy.retry_after()),
+    }
+    .into_response()
+}
+
 /// Answers a request the proxy refuses before forwarding, counting it.
 fn reject(snapshot: &Snapshot, stream: Option<StreamId>, rejection: Rejection) -> Response<Body> {
     if let Some(kind) = rejection.error_kind() {
@@ -507,6 +610,42 @@ impl ResponseFuture {
     fn boxed(f: impl Future<Output = Response<Body>> + Send + 'static) -> Self {
         ResponseFuture {
             kind: Kind::Boxed(Box::pin(f)),
+        }
+    }
+}
+
+impl Shared {
+    fn load(&self) -> Load {
+        self.classes
+            .load(self.pressure.inflight(), self.settings.capacity)
+    }
+}
+
+/// A `never` request whose class is capped (`budget` with `wait`) and over its budget waits
+/// for room, up to the class's `wait`. `Ok`: room (or no cap); `Err`: the wait ran out, and
+/// the request is answered 503 + `Retry-After` (reason `budget`) — never dropped silently:
+/// the sender keeps the event and retries.
+async fn wait_for_room(
+    shared: &Shared,
+    policy: &crate::policy::Policy,
+    class: Class,
+) -> Result<(), ()> {
+    let cap = policy.class(class);
+    let Some(wait) = cap.wait else {
+        return Ok(());
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let notified = shared.classes.room.notified();
+        if !shared.load().over_budget(class, cap) {
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return if shared.load().over_budget(class, cap) {
+                Err(())
+            } else {
+                Ok(())
+            };
         }
     }
 }

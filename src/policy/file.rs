@@ -23,6 +23,60 @@ pub struct StreamsFile {
     /// Routes: path prefixes with their own format and stream source.
     #[serde(default)]
     pub routes: Vec<RouteSection>,
+    /// Priority classes: budgets, mode, live disable.
+    #[serde(default)]
+    pub classes: BTreeMap<Class, ClassSection>,
+    /// `Retry-After` policy.
+    pub retry_after: Option<RetryAfterSection>,
+}
+
+/// `[classes.NAME]` in `streams.toml` (PRODUCT.md "Priority classes and budgets").
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSection {
+    /// Share of the upstream's in-flight capacity (`--max-inflight`) this class may hold,
+    /// `(0, 1]`. Sheddable requests over it are shed (reason `budget`) unless capacity is
+    /// idle (borrowing).
+    pub budget: Option<f64>,
+    /// For `never` streams of this class over the budget: wait up to this long for room, then
+    /// answer 503 + `Retry-After` (reason `budget`). Without it, `never` streams ignore the
+    /// budget.
+    pub wait: Option<DurationValue>,
+    /// `enforce` or `warn` for every stream of the class.
+    pub mode: Option<Mode>,
+    /// `false` sheds every sheddable stream of the class (reason `disabled`).
+    pub enabled: Option<bool>,
+    /// With `enabled = false`: re-enable at this time (RFC 3339).
+    pub until: Option<UntilValue>,
+}
+
+/// `[retry_after]` in `streams.toml`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryAfterSection {
+    /// Seconds at pressure 0.5; grows to 5 × this at pressure 1. Default 1.
+    pub base: Option<u32>,
+    /// Largest value, seconds. Default 30 (well under common sender timeouts).
+    pub max: Option<u32>,
+}
+
+/// A time given as RFC 3339 (`2026-12-01T06:00:00Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct UntilValue(pub crate::admission::UnixMillis);
+
+impl TryFrom<String> for UntilValue {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        time::OffsetDateTime::parse(&text, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .and_then(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
+            .map(|ms| UntilValue(crate::admission::UnixMillis(ms)))
+            .ok_or_else(|| {
+                format!("until must be an RFC 3339 time like 2026-12-01T06:00:00Z, got {text:?}")
+            })
+    }
 }
 
 /// `[[routes]]` in `streams.toml`: requests whose path starts with `prefix` (at a segment
@@ -83,6 +137,9 @@ pub struct StreamSection {
     pub mode: Option<Mode>,
     /// `false` sheds every event of a sheddable stream (reason `disabled`); default `true`.
     pub enabled: Option<bool>,
+    /// With `enabled = false`: re-enable at this time (RFC 3339), so a forgotten switch does
+    /// not shed forever.
+    pub until: Option<UntilValue>,
     /// JSON pointer to the latitude; default `/lat`.
     pub lat: Option<JsonPointer>,
     /// JSON pointer to the longitude; default `/lon`.

@@ -44,15 +44,105 @@ pub enum Supersession {
 }
 
 /// Priority class (PRODUCT.md "Priority classes and budgets").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Class {
-    /// Must get through.
+    /// Must get through. Unknown streams are `never` and `critical`.
     Critical,
     /// The default for a classified stream.
     Important,
     /// First to go.
     BestEffort,
+}
+
+impl Class {
+    /// All classes, in index order.
+    pub const ALL: [Class; 3] = [Class::Critical, Class::Important, Class::BestEffort];
+
+    /// Index into per-class tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Critical => "critical",
+            Class::Important => "important",
+            Class::BestEffort => "best-effort",
+        }
+    }
+}
+
+/// A live-disable switch (PRODUCT.md "Priority classes and budgets").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Disable {
+    /// Enabled.
+    #[default]
+    No,
+    /// Disabled until an operator re-enables it.
+    Indefinitely,
+    /// Disabled until this time, then enabled again by itself (a forgotten switch must not
+    /// shed forever).
+    Until(crate::admission::UnixMillis),
+}
+
+impl Disable {
+    /// Whether the switch is on at `now`.
+    pub fn active(self, now: crate::admission::UnixMillis) -> bool {
+        match self {
+            Disable::No => false,
+            Disable::Indefinitely => true,
+            Disable::Until(until) => now < until,
+        }
+    }
+
+    fn from_parts(enabled: Option<bool>, until: Option<file::UntilValue>) -> Self {
+        match (enabled.unwrap_or(true), until) {
+            (true, _) => Disable::No,
+            (false, None) => Disable::Indefinitely,
+            (false, Some(u)) => Disable::Until(u.0),
+        }
+    }
+}
+
+/// A class's compiled policy.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClassPolicy {
+    /// Share of `--max-inflight` this class may hold, `(0, 1]`; `None`: unlimited.
+    pub budget: Option<f64>,
+    /// How long a `never` request over the budget waits for room; `None`: it does not wait
+    /// and ignores the budget.
+    pub wait: Option<Duration>,
+    /// Warn mode for the whole class.
+    pub mode: Option<Mode>,
+    /// Live disable of the class's sheddable streams.
+    pub disabled: Disable,
+}
+
+impl ClassPolicy {
+    /// In-flight requests the class may hold out of `capacity` (at least 1), if budgeted.
+    pub fn limit(&self, capacity: u32) -> Option<u32> {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.budget
+            .map(|b| ((b * f64::from(capacity)).ceil() as u32).max(1))
+    }
+}
+
+/// `Retry-After` policy: delay-seconds grow from `base` at pressure 0.5 to `5 × base` at
+/// pressure 1, jittered, clamped to `[1, max]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryAfterPolicy {
+    /// Seconds at pressure 0.5 (at least 1).
+    pub base: u32,
+    /// Largest value, seconds (at least 1).
+    pub max: u32,
+}
+
+impl Default for RetryAfterPolicy {
+    fn default() -> Self {
+        RetryAfterPolicy { base: 1, max: 30 }
+    }
 }
 
 /// Enforce decisions, or only count them (PRODUCT.md "Decision rule", step 7).
@@ -100,8 +190,9 @@ pub struct StreamPolicy {
     pub stale_after: Duration,
     /// Enforce or warn.
     pub mode: Mode,
-    /// `false`: every event of this (sheddable) stream is shed, reason `disabled`.
-    pub enabled: bool,
+    /// Live disable: while active, every event of this (sheddable) stream is shed, reason
+    /// `disabled`.
+    pub disabled: Disable,
     /// Its format preset (for bodies of this stream read without a route).
     pub format: Format,
     /// Where its events keep their facts.
@@ -346,6 +437,8 @@ pub struct Policy {
     curve: Curve,
     mode: Mode,
     stale_status: http::StatusCode,
+    classes: [ClassPolicy; 3],
+    retry_after: RetryAfterPolicy,
 }
 
 impl Policy {
@@ -422,6 +515,21 @@ impl Policy {
     /// The status answered to stale sheds.
     pub fn stale_status(&self) -> http::StatusCode {
         self.stale_status
+    }
+
+    /// A class's policy.
+    pub fn class(&self, class: Class) -> &ClassPolicy {
+        &self.classes[class.index()]
+    }
+
+    /// The `Retry-After` policy.
+    pub fn retry_after(&self) -> RetryAfterPolicy {
+        self.retry_after
+    }
+
+    /// The class of a stream (`None`: unknown, which is `critical`).
+    pub fn class_of(&self, stream: Option<StreamId>) -> Class {
+        stream.map_or(Class::Critical, |id| self.streams[id.index()].class)
     }
 
     /// Number of resolution-4 cells with a configured area.
@@ -685,6 +793,13 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             ));
         }
         let enabled = s.enabled.unwrap_or(true);
+        if enabled && s.until.is_some() {
+            return Err(at(
+                streams_path,
+                field("until"),
+                "`until` belongs with `enabled = false` (disabled until then)".into(),
+            ));
+        }
         let stream_mode = s.mode.unwrap_or(Mode::Enforce);
         if s.supersession == Supersession::Never {
             if !enabled {
@@ -717,7 +832,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             class: s.class.unwrap_or(Class::Important),
             stale_after: s.stale_after.map_or(default_stale, |v| v.0),
             mode: stream_mode,
-            enabled,
+            disabled: Disable::from_parts(s.enabled, s.until),
             format,
             extractor,
         });
@@ -738,6 +853,73 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     }
 
     let routes = compile_routes(sf.routes, &stream_index, streams_path, &mut warnings)?;
+    let mut classes = [ClassPolicy::default(); 3];
+    for (class, c) in &sf.classes {
+        let field = |f: &str| format!("classes.{}.{f}", class.as_str());
+        if let Some(b) = c.budget
+            && !(b > 0.0 && b <= 1.0)
+        {
+            return Err(at(
+                streams_path,
+                field("budget"),
+                format!("budget is a share of --max-inflight in (0, 1], got {b}"),
+            ));
+        }
+        if c.wait.is_some() && c.budget.is_none() {
+            return Err(at(
+                streams_path,
+                field("wait"),
+                "`wait` needs a `budget`".into(),
+            ));
+        }
+        if c.enabled.unwrap_or(true) && c.until.is_some() {
+            return Err(at(
+                streams_path,
+                field("until"),
+                "`until` belongs with `enabled = false` (disabled until then)".into(),
+            ));
+        }
+        classes[class.index()] = ClassPolicy {
+            budget: c.budget,
+            wait: c.wait.map(|w| w.0),
+            mode: c.mode,
+            disabled: Disable::from_parts(c.enabled, c.until),
+        };
+        if c.enabled == Some(false)
+            && streams
+                .iter()
+                .any(|s| s.class == *class && s.supersession == Supersession::Never)
+        {
+            warnings.push(Warning {
+                file: streams_path.to_owned(),
+                message: format!(
+                    "class {} is disabled; its `never` streams stay enabled (they are never shed)",
+                    class.as_str()
+                ),
+            });
+        }
+    }
+    let retry_after = match &sf.retry_after {
+        None => RetryAfterPolicy::default(),
+        Some(r) => {
+            let d = RetryAfterPolicy::default();
+            let policy = RetryAfterPolicy {
+                base: r.base.unwrap_or(d.base),
+                max: r.max.unwrap_or(d.max),
+            };
+            if policy.base == 0 || policy.max == 0 || policy.base > policy.max {
+                return Err(at(
+                    streams_path,
+                    "retry_after".into(),
+                    format!(
+                        "retry_after needs 1 <= base <= max (seconds), got base {} max {}",
+                        policy.base, policy.max
+                    ),
+                ));
+            }
+            policy
+        }
+    };
 
     let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
     let mut parsed_regions: HashMap<String, geo::Regions> = HashMap::new();
@@ -909,6 +1091,8 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
                 .defaults
                 .stale_status
                 .map_or(http::StatusCode::ACCEPTED, |s| s.0),
+            classes,
+            retry_after,
         },
         warnings,
     })

@@ -1,6 +1,7 @@
 //! Integration tests: the proxy over real loopback sockets in front of a real mock upstream.
 
 mod cases;
+mod classes;
 mod geography;
 mod reload;
 mod support;
@@ -490,10 +491,15 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
     // Let the ticker publish gauges and the upkeep run.
     tokio::time::sleep(Duration::from_millis(120)).await;
     let m = scrape(&proxy).await;
-    // Every declared metric this traffic touches is exposed (would-sheds need warn mode:
-    // see the warn-mode test), and nothing undeclared is.
+    // Every declared metric this traffic touches is exposed (would-sheds need warn mode and
+    // the disabled gauge a disabled stream: their own tests), and nothing undeclared is.
     for (name, _, _) in shedgate::metrics::CATALOG {
-        if *name != shedgate::metrics::WOULD_SHED {
+        if ![
+            shedgate::metrics::WOULD_SHED,
+            shedgate::metrics::DISABLED_UNTIL,
+        ]
+        .contains(name)
+        {
             assert!(
                 m.contains(&format!("# TYPE {name} ")),
                 "{name} missing:\n{m}"
