@@ -4,22 +4,17 @@
 //! over loopback sockets. It prints what was delivered and shed per stream and per area.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
+use http::Request;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 use crate::admission::UnixMillis;
@@ -92,65 +87,6 @@ pub fn parse_places(csv: &str) -> Vec<Place> {
             })
         })
         .collect()
-}
-
-/// An upstream of fixed capacity: `workers` requests at a time, each taking `service` (the
-/// rest wait in an unbounded queue, as a saturated ingestion service's backlog does).
-#[derive(Debug)]
-pub struct FixedCapacityUpstream {
-    /// Bound address.
-    pub addr: SocketAddr,
-    /// Requests served so far.
-    pub served: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl FixedCapacityUpstream {
-    /// Starts it on an ephemeral loopback port.
-    ///
-    /// # Errors
-    /// When the port cannot be bound.
-    pub async fn start(workers: u32, service: Duration) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let permits = Arc::new(Semaphore::new(workers as usize));
-        let served = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&served);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let permits = Arc::clone(&permits);
-                let served = Arc::clone(&counter);
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let permits = Arc::clone(&permits);
-                        let served = Arc::clone(&served);
-                        async move {
-                            let _ = req.into_body().collect().await;
-                            let _permit = permits.acquire().await;
-                            tokio::time::sleep(service).await;
-                            served.fetch_add(1, Ordering::Relaxed);
-                            let mut r = Response::new(Empty::<Bytes>::new());
-                            *r.status_mut() = StatusCode::NO_CONTENT;
-                            Ok::<_, std::convert::Infallible>(r)
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
-        Ok(FixedCapacityUpstream { addr, served, task })
-    }
-}
-
-impl Drop for FixedCapacityUpstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// Stream mix of the demo traffic: (stream, share). Streams not in the policy are unknown,
@@ -233,13 +169,19 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn std::error::Error>> {
     let policy = policy::load_dir(&args.policies)?.policy;
     let service = Duration::from_millis(args.service_ms.max(1));
-    let upstream = FixedCapacityUpstream::start(args.workers.max(1), service).await?;
+    let sim = crate::sim::Simulator::new(
+        args.workers.max(1),
+        crate::sim::ServiceTime::Fixed(service),
+        Vec::new(),
+        args.seed,
+    );
+    let (upstream_addr, upstream_task) = Arc::clone(&sim).serve_http().await?;
     #[allow(clippy::cast_precision_loss)]
     let capacity = f64::from(args.workers.max(1)) / service.as_secs_f64();
     let config = Config::from_args(ServeArgs {
         listen: Some("127.0.0.1:0".parse()?),
         admin_listen: Some("127.0.0.1:0".parse()?),
-        upstream: Some(format!("http://{}", upstream.addr)),
+        upstream: Some(format!("http://{upstream_addr}")),
         policies: Some(args.policies.clone()),
         max_inflight: Some(args.workers.max(1)),
         latency_target: Some(format!("{}ms", args.service_ms * 3 / 2)),
@@ -342,9 +284,10 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             .lines()
             .filter(|l| l.starts_with(crate::metrics::SHED))
             .count(),
-        upstream.served.load(Ordering::Relaxed)
+        sim.served()
     ));
     proxy.shutdown().await;
+    upstream_task.abort();
     Ok(report)
 }
 

@@ -34,6 +34,7 @@
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
 //! - [`framing`]: the request-smuggling guard on each connection's raw bytes.
 //! - [`demo`]: the self-contained demo (fixed-capacity upstream, proxy, real geography).
+//! - [`sim`]: the upstream simulator and the closed-loop scenario runner.
 
 pub mod admin;
 pub mod admission;
@@ -46,6 +47,7 @@ pub mod middleware;
 pub mod policy;
 pub mod pressure;
 pub mod rejection;
+pub mod sim;
 pub mod stats;
 pub mod upstream;
 

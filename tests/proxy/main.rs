@@ -4,6 +4,7 @@ mod cases;
 mod classes;
 mod geography;
 mod reload;
+mod scenarios;
 mod support;
 
 use std::time::Duration;

@@ -1,0 +1,456 @@
+//! An upstream simulator and a closed-loop scenario runner (issue "The pressure controller,
+//! proven in closed loop").
+//!
+//! [`Simulator`] is an upstream of fixed capacity: `workers` requests served at a time, each
+//! for a service time drawn from a [`ServiceTime`] distribution, the rest waiting in a FIFO
+//! queue, with optional [`Phase`]s that slow it down or make it fail. It runs in-process
+//! ([`Simulator::serve`], deterministic under paused tokio time) and as a real loopback HTTP
+//! server ([`Simulator::serve_http`], for the demo and benchmarks).
+//!
+//! [`run_scenario`] drives the real decision ([`crate::admission::decide`]) and the real
+//! controller ([`crate::pressure::PressureGauge`]) against a simulator, with seeded Poisson
+//! arrivals of events from real geography, and reports per-second figures.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::admission::{Coordinates, EventTime, Facts, Load, Rank, UnixMillis, Verdict, decide};
+use crate::policy::{Policy, StreamId, Supersession};
+use crate::pressure::{ControllerConfig, PressureGauge, TICK};
+
+/// A service-time distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ServiceTime {
+    /// Always this long.
+    Fixed(Duration),
+    /// Uniform in `[min, max]`.
+    Uniform {
+        /// Shortest.
+        min: Duration,
+        /// Longest.
+        max: Duration,
+    },
+    /// Exponential with this mean (memoryless; heavy tail of queueing).
+    Exponential {
+        /// Mean.
+        mean: Duration,
+    },
+}
+
+impl ServiceTime {
+    /// The mean service time.
+    pub fn mean(&self) -> Duration {
+        match *self {
+            ServiceTime::Fixed(d) => d,
+            ServiceTime::Uniform { min, max } => (min + max) / 2,
+            ServiceTime::Exponential { mean } => mean,
+        }
+    }
+
+    fn sample(&self, u: f64) -> Duration {
+        match *self {
+            ServiceTime::Fixed(d) => d,
+            ServiceTime::Uniform { min, max } => min + (max - min).mul_f64(u),
+            ServiceTime::Exponential { mean } => mean.mul_f64(-(1.0 - u).max(1e-12).ln()),
+        }
+    }
+}
+
+/// From `from` (time since the simulator started) on, service times are multiplied by
+/// `slowdown` and a share `fail_rate` (0.0–1.0) of requests fail fast.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Phase {
+    /// Start, since the simulator started.
+    pub from: Duration,
+    /// Service-time multiplier (2.0 = half speed).
+    pub slowdown: f64,
+    /// Share of requests that fail (answered 500 at once).
+    pub fail_rate: f64,
+}
+
+/// The upstream failed the request (a failure phase).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("simulated upstream failure")]
+pub struct Failed;
+
+/// An upstream of fixed capacity.
+#[derive(Debug)]
+pub struct Simulator {
+    workers: Semaphore,
+    worker_count: u32,
+    service: ServiceTime,
+    phases: Vec<Phase>,
+    started: Instant,
+    rng: Mutex<fastrand::Rng>,
+    served: std::sync::atomic::AtomicU64,
+}
+
+impl Simulator {
+    /// `workers` at a time (at least 1), service times from `service`, `phases` in start
+    /// order, random draws from `seed`.
+    pub fn new(workers: u32, service: ServiceTime, phases: Vec<Phase>, seed: u64) -> Arc<Self> {
+        let workers = workers.max(1);
+        Arc::new(Simulator {
+            workers: Semaphore::new(workers as usize),
+            worker_count: workers,
+            service,
+            phases,
+            started: Instant::now(),
+            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            served: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Requests per second it completes when always busy, before any slowdown.
+    pub fn capacity(&self) -> f64 {
+        f64::from(self.worker_count) / self.service.mean().as_secs_f64()
+    }
+
+    /// Its worker count.
+    pub fn workers(&self) -> u32 {
+        self.worker_count
+    }
+
+    fn phase(&self) -> Phase {
+        let t = self.started.elapsed();
+        self.phases
+            .iter()
+            .rev()
+            .find(|p| p.from <= t)
+            .copied()
+            .unwrap_or(Phase {
+                from: Duration::ZERO,
+                slowdown: 1.0,
+                fail_rate: 0.0,
+            })
+    }
+
+    /// Serves one request: waits for a worker (FIFO), holds it for a service time.
+    ///
+    /// # Errors
+    /// [`Failed`] in a failure phase, for its share of requests.
+    pub async fn serve(&self) -> Result<(), Failed> {
+        let phase = self.phase();
+        let (u, fail) = {
+            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            (rng.f64(), rng.f64())
+        };
+        if fail < phase.fail_rate {
+            return Err(Failed);
+        }
+        let Ok(_permit) = self.workers.acquire().await else {
+            return Err(Failed);
+        };
+        tokio::time::sleep(self.service.sample(u).mul_f64(phase.slowdown.max(0.0))).await;
+        self.served
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Requests served so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Serves HTTP on an ephemeral loopback port: 204 when served, 500 on a failure.
+    ///
+    /// # Errors
+    /// When the port cannot be bound.
+    pub async fn serve_http(
+        self: Arc<Self>,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let sim = Arc::clone(&self);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let sim = Arc::clone(&sim);
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            let status = match sim.serve().await {
+                                Ok(()) => StatusCode::NO_CONTENT,
+                                Err(Failed) => StatusCode::INTERNAL_SERVER_ERROR,
+                            };
+                            let mut r = Response::new(Empty::<Bytes>::new());
+                            *r.status_mut() = status;
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok((addr, task))
+    }
+}
+
+/// One event of a scenario's traffic.
+#[derive(Debug, Clone)]
+pub struct SimEvent {
+    /// Its stream in the policy (`None`: unknown).
+    pub stream: Option<StreamId>,
+    /// Whether the stream is `never`-shed.
+    pub never: bool,
+    /// Position, degrees.
+    pub lat: f64,
+    /// Position, degrees.
+    pub lon: f64,
+    /// Its rank under the policy.
+    pub rank: Rank,
+}
+
+/// Rank bands a report splits sheds by: priority (1–10), important (11–30), default (31–50),
+/// low (51–100).
+pub const BANDS: [(u8, u8); 4] = [(1, 10), (11, 30), (31, 50), (51, 100)];
+
+fn band(rank: Rank) -> usize {
+    BANDS
+        .iter()
+        .position(|(lo, hi)| (*lo..=*hi).contains(&rank.get()))
+        .unwrap_or(3)
+}
+
+/// Counts of one second of a scenario.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Second {
+    /// Requests offered.
+    pub offered: u64,
+    /// Admitted to the upstream.
+    pub admitted: u64,
+    /// Completed by the upstream within the timeout, by the second they completed in.
+    pub goodput: u64,
+    /// Timed out or failed after admission.
+    pub failed: u64,
+    /// Sheddable events offered, per band.
+    pub offered_by_band: [u64; 4],
+    /// Sheddable events shed, per band.
+    pub shed_by_band: [u64; 4],
+    /// Never-shed events offered.
+    pub never_offered: u64,
+    /// Never-shed events completed.
+    pub never_delivered: u64,
+    /// Highest pressure seen in the second.
+    pub max_pressure: f64,
+    /// Pressure at the end of the second.
+    pub end_pressure: f64,
+    /// Latencies of admitted requests that completed, milliseconds.
+    pub latencies_ms: Vec<f64>,
+}
+
+/// A scenario: load phases (duration, offered load as a multiple of capacity) against a
+/// simulator, with the controller and the policy.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// `(duration, offered load / capacity)`, in order.
+    pub load: Vec<(Duration, f64)>,
+    /// The controller's settings.
+    pub controller: ControllerConfig,
+    /// The proxy's upstream timeout.
+    pub timeout: Duration,
+    /// Random seed of arrivals and draws.
+    pub seed: u64,
+}
+
+/// Runs a scenario in-process: Poisson arrivals at the phase's rate, each decided by the real
+/// rule at the current pressure, admitted ones served by the simulator under the timeout,
+/// the controller ticked every [`TICK`]. Deterministic under paused tokio time.
+pub async fn run_scenario(
+    scenario: &Scenario,
+    sim: &Arc<Simulator>,
+    policy: &Arc<Policy>,
+    events: &[SimEvent],
+) -> Vec<Second> {
+    let gauge = Arc::new(PressureGauge::new(scenario.controller));
+    let total: Duration = scenario.load.iter().map(|(d, _)| *d).sum();
+    let seconds = usize::try_from(total.as_secs()).unwrap_or(0) + 2;
+    let report = Arc::new(Mutex::new(vec![Second::default(); seconds]));
+    let start = Instant::now();
+    let second_of = move |t: Instant| {
+        usize::try_from(t.saturating_duration_since(start).as_secs()).unwrap_or(usize::MAX)
+    };
+    // The controller's tick, and a per-second pressure record.
+    let ticker = {
+        let (gauge, report) = (Arc::clone(&gauge), Arc::clone(&report));
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            loop {
+                interval.tick().await;
+                let now = Instant::now();
+                let p = gauge.tick(now);
+                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(s) = r.get_mut(second_of(now)) {
+                    s.max_pressure = s.max_pressure.max(p);
+                    s.end_pressure = p;
+                }
+            }
+        })
+    };
+    let mut rng = fastrand::Rng::with_seed(scenario.seed);
+    let mut tasks = Vec::new();
+    let wall = UnixMillis(1_780_000_000_000);
+    let mut phase_start = Instant::now();
+    for &(duration, factor) in &scenario.load {
+        let rate = sim.capacity() * factor;
+        let end = phase_start + duration;
+        let mut at = phase_start;
+        loop {
+            at += Duration::from_secs_f64(-(1.0 - rng.f64()).max(1e-12).ln() / rate.max(1e-9));
+            if at >= end {
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            let event = events[rng.usize(..events.len())].clone();
+            let draw = rng.f64();
+            let now_wall =
+                UnixMillis(wall.0 + i64::try_from(start.elapsed().as_millis()).unwrap_or(0));
+            let facts = Facts {
+                body: crate::admission::BodyState::Json,
+                coordinates: Coordinates::Valid {
+                    lat: event.lat,
+                    lon: event.lon,
+                },
+                time: EventTime::At(UnixMillis(now_wall.0 - 200)),
+            };
+            let load = Load {
+                class_inflight: [0; 3],
+                total: gauge.inflight(),
+                capacity: scenario.controller.max_inflight.get(),
+            };
+            let decision = decide(
+                policy,
+                event.stream,
+                &facts,
+                now_wall,
+                gauge.pressure(),
+                draw,
+                &load,
+            );
+            let sec = second_of(Instant::now());
+            let admitted = !matches!(decision.verdict, Verdict::Shed(_));
+            {
+                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(s) = r.get_mut(sec) {
+                    s.offered += 1;
+                    if event.never {
+                        s.never_offered += 1;
+                    } else {
+                        s.offered_by_band[band(event.rank)] += 1;
+                        if !admitted {
+                            s.shed_by_band[band(event.rank)] += 1;
+                        }
+                    }
+                    if admitted {
+                        s.admitted += 1;
+                    }
+                }
+            }
+            if !admitted {
+                continue;
+            }
+            let (gauge, sim, report) = (Arc::clone(&gauge), Arc::clone(sim), Arc::clone(&report));
+            let timeout = scenario.timeout;
+            tasks.push(tokio::spawn(async move {
+                let _inflight = gauge.start();
+                let began = Instant::now();
+                let outcome = tokio::time::timeout(timeout, sim.serve()).await;
+                let done = Instant::now();
+                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(s) = r.get_mut(second_of(done)) else {
+                    return;
+                };
+                match outcome {
+                    Ok(Ok(())) => {
+                        let latency = done - began;
+                        gauge.record_latency(latency);
+                        s.goodput += 1;
+                        s.latencies_ms.push(latency.as_secs_f64() * 1e3);
+                        if event.never {
+                            s.never_delivered += 1;
+                        }
+                    }
+                    Ok(Err(Failed)) => s.failed += 1,
+                    Err(_) => {
+                        // A timeout is overload, not a fast sample.
+                        gauge.record_latency(timeout);
+                        s.failed += 1;
+                    }
+                }
+            }));
+        }
+        phase_start = end;
+    }
+    tokio::time::sleep_until(phase_start + Duration::from_secs(1)).await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    ticker.abort();
+    let r = report.lock().unwrap_or_else(|e| e.into_inner());
+    r.clone()
+}
+
+/// Events from real geography: cities weighted by population and rural places (the demo's
+/// data), with the given stream mix `(stream name, share)`, ranked by `policy`.
+pub fn geographic_events(
+    policy: &Policy,
+    mix: &[(&str, f64)],
+    n: usize,
+    seed: u64,
+) -> Vec<SimEvent> {
+    let cities = crate::demo::parse_places(crate::demo::CITIES_CSV);
+    let rural = crate::demo::parse_places(crate::demo::SMALL_PLACES_CSV);
+    let mut cumulative = Vec::with_capacity(cities.len());
+    let mut total = 0u64;
+    for c in &cities {
+        total += c.population;
+        cumulative.push(total);
+    }
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n)
+        .map(|_| {
+            let mut pick = rng.f64();
+            let mut stream = mix[0].0;
+            for (name, share) in mix {
+                if pick < *share {
+                    stream = name;
+                    break;
+                }
+                pick -= share;
+            }
+            let place = if rng.f64() < 0.25 {
+                &rural[rng.usize(..rural.len())]
+            } else {
+                let i = cumulative.partition_point(|&c| c <= rng.u64(..total));
+                &cities[i.min(cities.len() - 1)]
+            };
+            let id = policy.stream(stream);
+            let never =
+                id.is_none_or(|id| policy.stream_policy(id).supersession == Supersession::Never);
+            let (_, rank) = policy.area_at(place.lat, place.lon);
+            SimEvent {
+                stream: id,
+                never,
+                lat: place.lat,
+                lon: place.lon,
+                rank,
+            }
+        })
+        .collect()
+}
