@@ -88,7 +88,9 @@ impl Counts {
         let second = u64::try_from(now.0 / 1000).unwrap_or(0);
         let mut w = Window::default();
         for b in &self.ring {
-            if second.saturating_sub(b.second.load(Ordering::Relaxed)) < WINDOW_SECONDS {
+            let stamped = b.second.load(Ordering::Relaxed);
+            // Buckets stamped in the future (the clock stepped back) are not the last minute.
+            if stamped <= second && second - stamped < WINDOW_SECONDS {
                 w.add(b.accepted.load(Ordering::Relaxed), &b.shed);
             }
         }

@@ -249,6 +249,7 @@ pub fn summarise(
     }
     let mut best: Option<Rank> = None;
     let mut newest: Option<(UnixMillis, Option<StreamId>)> = None;
+    let mut untimed = false;
     for (stream, event) in events {
         match event.coordinates {
             Coordinates::Valid { lat, lon } => {
@@ -258,8 +259,19 @@ pub fn summarise(
                     facts.coordinates = event.coordinates;
                 }
             }
-            Coordinates::Invalid if best.is_none() => facts.coordinates = Coordinates::Invalid,
+            // An unreadable point counts at the default rank: a batch never ranks less
+            // important than the default because one of its points could not be read.
+            _ if best.is_none_or(|b| policy.default_rank() < b) => {
+                best = Some(policy.default_rank());
+                facts.coordinates = match event.coordinates {
+                    Coordinates::Invalid => Coordinates::Invalid,
+                    _ => Coordinates::Missing,
+                };
+            }
             _ => {}
+        }
+        if !matches!(event.time, EventTime::At(_)) {
+            untimed = true;
         }
         match event.time {
             EventTime::At(at) if newest.is_none_or(|(n, _)| at > n) => {
@@ -270,8 +282,13 @@ pub fn summarise(
         }
     }
     match newest {
-        Some((at, stream)) => {
+        // An event without a readable time is not stale, so neither is its batch.
+        Some((at, stream)) if !untimed => {
             facts.time = EventTime::At(at);
+            (stream, facts)
+        }
+        Some((_, stream)) => {
+            facts.time = EventTime::Missing;
             (stream, facts)
         }
         None => (first, facts),
@@ -393,4 +410,68 @@ pub fn decide(
         decision.rule = Rule::Kept;
     }
     decision
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        let files = crate::policy::PolicyFiles::from_texts(
+            "[streams.a]\nsupersession = \"self-superseding\"\n",
+            Some(
+                "default_rank = 50\n[[areas]]\nname = \"far\"\nrank = 90\ncells = [\"841f1d5ffffffff\"]\n",
+            ),
+        );
+        crate::policy::compile(&files).unwrap().policy
+    }
+
+    fn event(coordinates: Coordinates, time: EventTime) -> EventFacts {
+        EventFacts {
+            coordinates,
+            time,
+            stream: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_with_an_untimed_event_is_not_stale() {
+        let p = policy();
+        let a = p.stream("a");
+        let old = event(Coordinates::Missing, EventTime::At(UnixMillis(0)));
+        let untimed = event(Coordinates::Missing, EventTime::Missing);
+        let (_, facts) = summarise(&p, BodyState::Json, &[(a, &old), (a, &untimed)]);
+        assert_eq!(facts.time, EventTime::Missing);
+    }
+
+    #[test]
+    fn an_unreadable_point_counts_at_the_default_rank() {
+        let p = policy();
+        let a = p.stream("a");
+        // Berlin's cell is rank 90 in this policy; an unreadable point makes it rank 50.
+        let berlin = event(Coordinates::new(52.52, 13.405), EventTime::Missing);
+        let unreadable = event(Coordinates::Invalid, EventTime::Missing);
+        let (_, facts) = summarise(&p, BodyState::Json, &[(a, &berlin), (a, &unreadable)]);
+        let d = decide(
+            &p,
+            a,
+            &facts,
+            UnixMillis(0),
+            Pressure::ZERO,
+            0.5,
+            &Load::IDLE,
+        );
+        assert_eq!(d.rank.get(), 50);
+        let (_, facts) = summarise(&p, BodyState::Json, &[(a, &berlin), (a, &berlin)]);
+        let d = decide(
+            &p,
+            a,
+            &facts,
+            UnixMillis(0),
+            Pressure::ZERO,
+            0.5,
+            &Load::IDLE,
+        );
+        assert_eq!(d.rank.get(), 90);
+    }
 }

@@ -249,39 +249,71 @@ where
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
             // through, still bounded in size and time.
-            let (mut parts, body) = req.into_parts();
-            let progress = crate::upstream::BodyProgress::default();
-            parts.extensions.insert(progress.clone());
-            let body = TimedBody::new(
-                Limited::new(
-                    body,
-                    usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX),
-                )
-                .boxed_unsync(),
-                shared.settings.body_read_timeout,
-                progress,
-            )
-            .boxed_unsync();
-            let req = Request::from_parts(parts, body);
             let class = snapshot.policy.class_of(stream);
-            let capped = snapshot.policy.class(class).wait.is_some();
-            if capped
-                && shared
-                    .load()
-                    .over_budget(class, snapshot.policy.class(class))
-            {
+            if capped(&shared, &snapshot.policy, class) {
                 return ResponseFuture::boxed(async move {
-                    if wait_for_room(&shared, &snapshot.policy, class)
-                        .await
-                        .is_err()
-                    {
-                        return cap_exceeded(&shared, &snapshot, stream);
+                    match hold_for_room(&shared, &snapshot, stream, class).await {
+                        Ok(reserved) => {
+                            // The body deadline starts after the wait, not before it.
+                            let req = stream_through(&shared, req);
+                            forward(shared, inner, snapshot, stream, req, reserved).await
+                        }
+                        Err(response) => response,
                     }
-                    forward(shared, inner, snapshot, stream, req).await
                 });
             }
-            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req))
+            let req = stream_through(&shared, req);
+            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req, None))
         }
+    }
+}
+
+/// A request whose body streams to the upstream unread, bounded in size and time.
+fn stream_through<B>(shared: &Shared, req: Request<B>) -> Request<ForwardBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    let progress = crate::upstream::BodyProgress::default();
+    parts.extensions.insert(progress.clone());
+    let limit = usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX);
+    let body = TimedBody::new(
+        Limited::new(body, limit).boxed_unsync(),
+        shared.settings.body_read_timeout,
+        progress,
+    )
+    .boxed_unsync();
+    Request::from_parts(parts, body)
+}
+
+/// Whether a `never` request of `class` must get a place under the class cap first.
+fn capped(shared: &Shared, policy: &crate::policy::Policy, class: Class) -> bool {
+    let cap = policy.class(class);
+    cap.wait.is_some() && shared.load().over_budget(class, cap)
+}
+
+/// A `never` request of a capped class over its budget: in warn mode (global or the class's)
+/// it is counted as a would-shed and goes through; otherwise it waits for a reserved place
+/// (`Ok`) or, when the wait runs out, gets its 503 answer (`Err`).
+async fn hold_for_room(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    stream: Option<StreamId>,
+    class: Class,
+) -> Result<Option<ClassGuard>, Response<Body>> {
+    let policy = &snapshot.policy;
+    let warn = policy.mode() == crate::policy::Mode::Warn
+        || policy.class(class).mode == Some(crate::policy::Mode::Warn);
+    if warn {
+        snapshot
+            .metrics
+            .shed(stream, None, Verdict::WouldShed(ShedReason::Budget));
+        return Ok(None);
+    }
+    match wait_for_room(shared, policy, class).await {
+        Ok(guard) => Ok(Some(guard)),
+        Err(()) => Err(cap_exceeded(shared, snapshot, stream)),
     }
 }
 
@@ -464,12 +496,27 @@ where
             let body = Full::new(bytes)
                 .map_err(|never| match never {})
                 .boxed_unsync();
+            // A `never` (or unknown) stream named in the body meets its class cap here, as
+            // one named in a header does before its body is read.
+            let mut reserved = None;
+            let never = matches!(
+                decision.rule,
+                crate::admission::Rule::NeverShed | crate::admission::Rule::UnknownStream
+            );
+            let class = policy.class_of(stream);
+            if never && capped(&shared, policy, class) {
+                match hold_for_room(&shared, &snapshot, stream, class).await {
+                    Ok(guard) => reserved = guard,
+                    Err(response) => return response,
+                }
+            }
             forward(
                 shared.clone(),
                 inner,
                 Arc::clone(&snapshot),
                 stream,
                 Request::from_parts(parts, body),
+                reserved,
             )
             .await
         }
@@ -483,6 +530,7 @@ async fn forward<S>(
     snapshot: Arc<Snapshot>,
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
+    reserved: Option<ClassGuard>,
 ) -> Response<Body>
 where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
@@ -493,7 +541,7 @@ where
     counts.accepted((shared.sources.clock)());
     let guard = (
         shared.pressure.start(),
-        shared.classes.start(class),
+        reserved.unwrap_or_else(|| shared.classes.start(class)),
         counts.start(),
     );
     // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
@@ -619,33 +667,54 @@ impl Shared {
         self.classes
             .load(self.pressure.inflight(), self.settings.capacity)
     }
+
+    /// Takes a place in `class` if it is under its budget or capacity is idle: the check and
+    /// the increment are one atomic step on the class count.
+    fn try_reserve(&self, class: Class, cap: &crate::policy::ClassPolicy) -> Option<ClassGuard> {
+        let limit = cap.limit(self.settings.capacity).unwrap_or(u32::MAX);
+        let count = &self.classes.inflight[class.index()];
+        let mut current = count.load(Ordering::Relaxed);
+        loop {
+            if current >= limit && self.pressure.inflight() >= self.settings.capacity {
+                return None;
+            }
+            match count.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(ClassGuard {
+                        load: Arc::clone(&self.classes),
+                        class,
+                    });
+                }
+                Err(seen) => current = seen,
+            }
+        }
+    }
 }
 
 /// A `never` request whose class is capped (`budget` with `wait`) and over its budget waits
-/// for room, up to the class's `wait`. `Ok`: room (or no cap); `Err`: the wait ran out, and
+/// for room, up to the class's `wait`, and takes it by reserving a place in the class count
+/// (so one freed place lets one waiter in, not all of them). `Err`: the wait ran out, and
 /// the request is answered 503 + `Retry-After` (reason `budget`) — never dropped silently:
 /// the sender keeps the event and retries.
 async fn wait_for_room(
     shared: &Shared,
     policy: &crate::policy::Policy,
     class: Class,
-) -> Result<(), ()> {
+) -> Result<ClassGuard, ()> {
     let cap = policy.class(class);
-    let Some(wait) = cap.wait else {
-        return Ok(());
-    };
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = tokio::time::Instant::now() + cap.wait.unwrap_or_default();
     loop {
         let notified = shared.classes.room.notified();
-        if !shared.load().over_budget(class, cap) {
-            return Ok(());
+        if let Some(guard) = shared.try_reserve(class, cap) {
+            return Ok(guard);
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return if shared.load().over_budget(class, cap) {
-                Err(())
-            } else {
-                Ok(())
-            };
+            return shared.try_reserve(class, cap).ok_or(());
         }
     }
 }

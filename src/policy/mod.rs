@@ -668,6 +668,16 @@ impl PolicyFiles {
         })
     }
 
+    /// Policy contents given as text (tests, tools), as if read from a directory `p`.
+    pub fn from_texts(streams: &str, areas: Option<&str>) -> Self {
+        PolicyFiles {
+            dir: PathBuf::from("p"),
+            streams: streams.to_owned(),
+            areas: areas.map(str::to_owned),
+            regions: std::collections::BTreeMap::new(),
+        }
+    }
+
     /// Content hash: the first 12 hex digits of SHA-256 over each file's name and bytes.
     /// Equal contents give equal versions.
     pub fn version(&self) -> String {

@@ -309,3 +309,74 @@ async fn stats_summarise_per_stream_and_class() {
         .unwrap();
     assert_eq!(send(req).await.status, StatusCode::OK);
 }
+
+/// A capped `never` class over its budget with the upstream full: its requests wait for
+/// room, then get 503 + Retry-After (reason budget) — whether the stream is named in a
+/// header or in the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_never_class_waits_then_answers_503() {
+    let upstream = MockUpstream::with(Behaviour {
+        delay: Duration::from_millis(1500),
+        ..Behaviour::default()
+    })
+    .await;
+    let streams = r#"
+[classes.critical]
+budget = 0.5
+wait = "200ms"
+[streams."sensor.reading"]
+supersession = "self-superseding"
+class = "important"
+[streams."geofence.transition"]
+supersession = "never"
+class = "critical"
+[streams."owntracks.transition"]
+supersession = "never"
+class = "critical"
+[[routes]]
+prefix = "/ingest/owntracks"
+format = "owntracks"
+"#;
+    let policy = PolicyDir::new(streams, Some(BERLIN_AREA));
+    let proxy = Arc::new(
+        spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_inflight = Some(2)).await,
+    );
+    pin(&proxy, 0.0).await;
+    // critical holds its budget (1 of 2), important fills the upstream.
+    let held = spawn_post(&proxy, "geofence.transition");
+    until_in_flight(&proxy, 1).await;
+    let filler = spawn_post(&proxy, "sensor.reading");
+    until_in_flight(&proxy, 2).await;
+    let a = post(&proxy, "geofence.transition", event(MUNICH, 0)).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.header("x-shed-reason"), Some("budget"));
+    assert!(a.header("retry-after").is_some());
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let req = Request::post(format!("http://{}/ingest/owntracks", proxy.proxy_addr))
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"_type":"transition","event":"enter","lat":48.13,"lon":11.57,"tst":{now}}}"#
+        ))))
+        .unwrap();
+    let b = send(req).await;
+    assert_eq!(
+        b.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "body-named never stream is capped too"
+    );
+    assert_eq!(b.header("x-shed-reason"), Some("budget"));
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(filler.await.unwrap().status, StatusCode::OK);
+    // With room again, the capped class passes.
+    until_in_flight(&proxy, 0).await;
+    assert_eq!(
+        post(&proxy, "geofence.transition", event(MUNICH, 0))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        upstream.count(),
+        3,
+        "the refused ones never reached the upstream"
+    );
+}
