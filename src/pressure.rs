@@ -23,8 +23,11 @@ pub struct ControllerConfig {
     pub latency_target: Duration,
 }
 
-/// Smoothing time constant of the utilisation signal. Short: in-flight is a direct measure.
-pub const UTILISATION_TAU: Duration = Duration::from_millis(250);
+/// Smoothing time constant of the utilisation signal. In-flight is a direct measure, but at
+/// 80% load random arrivals queue now and then: 400 ms keeps that noise under the floor
+/// while a step in load shows within a second (tuned on the scenario tests: 250 ms shed 3.6%
+/// at 0.8x, 400 ms 1.9%, with the same goodput under overload).
+pub const UTILISATION_TAU: Duration = Duration::from_millis(400);
 /// Smoothing time constant of the latency signal.
 pub const LATENCY_TAU: Duration = Duration::from_millis(500);
 /// Time constant with which the latency estimate decays while no samples arrive. It keeps the

@@ -45,9 +45,12 @@ pub enum CurveError {
 }
 
 impl Curve {
-    /// Default band: 10 ranks. With it the seed's examples hold (at `p = 0.75`, rank 50 is
-    /// always shed and rank 5 never).
-    pub const DEFAULT_BAND: f64 = 10.0;
+    /// Default band: 25 ranks, the widest with which the seed's examples hold (at `p = 0.75`,
+    /// rank 50 is always shed and rank 5 never). Wide on purpose: when most traffic sits at
+    /// one rank (the default 50), the band is the pressure interval over which its shed share
+    /// goes from 0 to 1, i.e. the gain of the closed loop. With 10 ranks the scenario tests
+    /// saw goodput near 80% of capacity at 3x (the loop hunts); with 25, 92–93%.
+    pub const DEFAULT_BAND: f64 = 25.0;
     /// Default ramp: 0.05 of pressure, so ranks above 50 are fully in play from `p = 0.55`.
     pub const DEFAULT_RAMP: f64 = 0.05;
     /// The seed's step rule (`band = 0`, `ramp = 0`).
@@ -167,11 +170,12 @@ mod tests {
         assert_eq!(c.shed_probability(rank(50), p), 1.0);
         let p = Pressure::new(0.4).unwrap();
         assert_eq!(c.shed_probability(rank(100), p), 0.0);
-        // "At pressure 0.7, areas ranked above thirty are dropped" (band sheds 31..40 partly).
+        // "At pressure 0.7, areas ranked above thirty are dropped": they begin to be (the band
+        // sheds 31..55 partly), and ranks at or below 30 are kept.
         let p = Pressure::new(0.7).unwrap();
         assert_eq!(c.shed_probability(rank(30), p), 0.0);
         assert!(c.shed_probability(rank(31), p) > 0.0);
-        assert_eq!(c.shed_probability(rank(41), p), 1.0);
+        assert_eq!(c.shed_probability(rank(56), p), 1.0);
     }
 
     #[test]

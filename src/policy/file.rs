@@ -111,7 +111,7 @@ pub struct RouteSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DefaultsSection {
-    /// Curve band in ranks, `[0, 50]`; default 10.
+    /// Curve band in ranks, `[0, 50]`; default 25.
     pub band: Option<f64>,
     /// Curve ramp in pressure units, `[0, 0.5]`; default 0.05.
     pub ramp: Option<f64>,

@@ -41,7 +41,7 @@ fn sim(phases: Vec<Phase>, seed: u64) -> Arc<Simulator> {
     )
 }
 
-async fn run(load: &[(u64, f64)], phases: Vec<Phase>, seed: u64) -> (Vec<Second>, f64) {
+pub(crate) async fn run(load: &[(u64, f64)], phases: Vec<Phase>, seed: u64) -> (Vec<Second>, f64) {
     let policy = policy();
     let events = geographic_events(&policy, MIX, 20_000, seed);
     let sim = sim(phases, seed);
