@@ -198,9 +198,9 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         cumulative.push(total);
     }
     let phases = [
-        ("1x", 1.0, args.phase_seconds),
+        ("steady", 1.0, args.phase_seconds),
         ("overload", args.overload, args.phase_seconds * 2),
-        ("1x again", 1.0, args.phase_seconds),
+        ("steady again", 1.0, args.phase_seconds),
     ];
     let say = |line: String| {
         if print {
@@ -263,7 +263,7 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             }
         }
         say(format!(
-            "  phase {name:<9} offered {:>5.0} req/s, mean pressure {:.2}",
+            "  phase {name:<12} offered {:>5.0} req/s, mean pressure {:.2}",
             rate,
             pressure_sum / f64::from(samples.max(1))
         ));
