@@ -1,0 +1,426 @@
+//! Overload benchmark over real loopback sockets: the simulator as an upstream of known
+//! capacity, open-loop Poisson load at 1x, 3x and 10x of it, through (a) shedgate, (b) a
+//! plain forward (shedgate's proxy path with admission off: every stream unclassified), and
+//! (c) a binary shedder (tower's `ConcurrencyLimit` + `LoadShed` at the upstream's capacity).
+//!
+//! Run: `cargo bench --bench overload` (about two minutes). Prints one table; writes
+//! `docs/overload-shedgate-10x.png` (pressure, blue, and shed share, red, per 100 ms of the
+//! 10x run; x: time, y: 0..1).
+
+#![allow(
+    missing_docs,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation
+)]
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use shedgate::config::{Config, ServeArgs};
+use shedgate::middleware::Sources;
+use shedgate::rejection::Body;
+use shedgate::sim::{ServiceTime, Simulator};
+use shedgate::upstream::{HostHeader, Proxy};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+const WORKERS: u32 = 8;
+const SERVICE: Duration = Duration::from_millis(20);
+const TARGET: Duration = Duration::from_millis(30);
+const CLIENT_DEADLINE: Duration = Duration::from_secs(1);
+const WARM: u64 = 2;
+const OVERLOAD: u64 = 6;
+const AFTER: u64 = 4;
+
+const MIX: &[(&str, f64)] = &[
+    ("vehicle.position", 0.75),
+    ("sensor.reading", 0.15),
+    ("tile.render", 0.05),
+    ("geofence.transition", 0.03),
+    ("dlq.replay", 0.02),
+];
+
+#[derive(Clone)]
+struct Ev {
+    stream: &'static str,
+    never: bool,
+    band: usize,
+    lat: f64,
+    lon: f64,
+}
+
+#[derive(Default, Clone)]
+struct Sec {
+    sent: u64,
+    ok: u64,
+    by_band: [(u64, u64); 4],
+    never: (u64, u64),
+    lat_ms: Vec<f64>,
+}
+
+fn band(rank: u8) -> usize {
+    match rank {
+        1..=10 => 0,
+        11..=30 => 1,
+        31..=50 => 2,
+        _ => 3,
+    }
+}
+
+fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
+    let sim_events = shedgate::sim::geographic_events(policy, MIX, 20_000, 5);
+    sim_events
+        .into_iter()
+        .map(|e| {
+            let stream = MIX
+                .iter()
+                .map(|(n, _)| *n)
+                .find(|n| policy.stream(n) == e.stream)
+                .unwrap_or("unknown");
+            Ev {
+                stream,
+                never: e.never,
+                band: band(e.rank.get()),
+                lat: e.lat,
+                lon: e.lon,
+            }
+        })
+        .collect()
+}
+
+/// Open-loop Poisson load: `phases` of (seconds, multiple of capacity).
+async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed: u64) -> Vec<Sec> {
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(2048)
+        .build_http();
+    let total: u64 = phases.iter().map(|p| p.0).sum();
+    let secs = Arc::new(Mutex::new(vec![Sec::default(); total as usize + 2]));
+    let start = Instant::now();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut at = start;
+    let mut phase_end = start;
+    let mut tasks = Vec::new();
+    for &(len, factor) in phases {
+        phase_end += Duration::from_secs(len);
+        let rate = capacity * factor;
+        loop {
+            at += Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / rate);
+            if at >= phase_end {
+                at = phase_end;
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            let ev = evs[rng.usize(..evs.len())].clone();
+            let t = time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap();
+            let body = format!(
+                r#"{{"device_id":"d-{}","lat":{:.5},"lon":{:.5},"occurred_at":"{t}"}}"#,
+                rng.u32(..10_000),
+                ev.lat,
+                ev.lon
+            );
+            let req = Request::post(url)
+                .header("x-stream", ev.stream)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let (client, secs) = (client.clone(), Arc::clone(&secs));
+            tasks.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let second = sent.duration_since(start).as_secs() as usize;
+                let outcome = tokio::time::timeout(CLIENT_DEADLINE, async {
+                    let resp = client.request(req).await.ok()?;
+                    let status = resp.status();
+                    resp.into_body().collect().await.ok()?;
+                    Some(status)
+                })
+                .await;
+                let ok = matches!(outcome, Ok(Some(s)) if s.is_success());
+                let mut s = secs.lock().unwrap();
+                let s = &mut s[second];
+                s.sent += 1;
+                if ev.never {
+                    s.never.0 += 1;
+                    s.never.1 += u64::from(ok);
+                } else {
+                    s.by_band[ev.band].0 += 1;
+                    s.by_band[ev.band].1 += u64::from(!ok);
+                }
+                if ok {
+                    s.ok += 1;
+                    s.lat_ms.push(sent.elapsed().as_secs_f64() * 1e3);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    secs.lock().unwrap().clone()
+}
+
+/// The binary shedder: `ConcurrencyLimit` + `LoadShed` at the upstream's capacity, in front of
+/// shedgate's proxy service (same client, same header hygiene), 503 when shed.
+async fn start_binary(upstream: &str) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let proxy = Proxy::new(
+        &upstream.parse().unwrap(),
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+        1 << 20,
+        HostHeader::Client,
+    );
+    let svc = ServiceBuilder::new()
+        .load_shed()
+        .concurrency_limit(WORKERS as usize)
+        .service(proxy);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let hsvc =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let mut svc = svc.clone();
+                        async move {
+                            let req =
+                                req.map(|b| b.map_err(shedgate::BoxError::from).boxed_unsync());
+                            let resp: Response<Body> = match svc.ready().await {
+                                Ok(ready) => match ready.call(req).await {
+                                    Ok(r) => r,
+                                    Err(_) => shed(),
+                                },
+                                Err(_) => shed(),
+                            };
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), hsvc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn shed() -> Response<Body> {
+    let mut r = Response::new(shedgate::rejection::full(Bytes::new()));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    r
+}
+
+struct Row {
+    name: &'static str,
+    factor: f64,
+    goodput: f64,
+    p50: f64,
+    p99: f64,
+    never: f64,
+    bands: [f64; 3],
+    cv: f64,
+    recover: String,
+}
+
+fn summarise(name: &'static str, factor: f64, capacity: f64, secs: &[Sec], recover: String) -> Row {
+    let window = &secs[(WARM + 2) as usize..(WARM + OVERLOAD) as usize];
+    let ok: Vec<f64> = window.iter().map(|s| s.ok as f64).collect();
+    let mean = ok.iter().sum::<f64>() / ok.len() as f64;
+    let cv = (ok.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / ok.len() as f64).sqrt()
+        / mean.max(1e-9);
+    let mut lat: Vec<f64> = window.iter().flat_map(|s| s.lat_ms.clone()).collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let pct = |q: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let (nev_sent, nev_ok) = secs
+        .iter()
+        .fold((0, 0), |a, s| (a.0 + s.never.0, a.1 + s.never.1));
+    let band = |b: usize| {
+        let (sent, shed) = window
+            .iter()
+            .fold((0, 0), |a, s| (a.0 + s.by_band[b].0, a.1 + s.by_band[b].1));
+        shed as f64 / (sent as f64).max(1.0)
+    };
+    Row {
+        name,
+        factor,
+        goodput: mean / capacity,
+        p50: pct(0.5),
+        p99: pct(0.99),
+        never: nev_ok as f64 / (nev_sent as f64).max(1.0),
+        bands: [band(0), band(1), band(2)],
+        cv,
+        recover,
+    }
+}
+
+/// Seconds after the overload until a second where everything sent is delivered.
+fn recovery(secs: &[Sec]) -> String {
+    let end = (WARM + OVERLOAD) as usize;
+    secs[end..end + AFTER as usize]
+        .iter()
+        .position(|s| s.sent > 0 && s.ok == s.sent)
+        .map_or(format!(">{AFTER} s"), |i| format!("{} s", i + 1))
+}
+
+fn plot(samples: &[(f64, f64, f64)], path: &Path) {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(path, (900, 400)).into_drawing_area();
+    root.fill(&WHITE).unwrap();
+    let t_max = samples.last().map_or(1.0, |s| s.0);
+    let mut chart = ChartBuilder::on(&root)
+        .margin(20)
+        .build_cartesian_2d(0.0..t_max, 0.0..1.05)
+        .unwrap();
+    for i in 0..=10 {
+        let y = f64::from(i) / 10.0;
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, y), (t_max, y)],
+                RGBColor(230, 230, 230),
+            ))
+            .unwrap();
+    }
+    chart
+        .draw_series(LineSeries::new([(0.0, 0.5), (t_max, 0.5)], BLACK))
+        .unwrap();
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|s| (s.0, s.1)),
+            BLUE.stroke_width(2),
+        ))
+        .unwrap();
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|s| (s.0, s.2)),
+            RED.stroke_width(2),
+        ))
+        .unwrap();
+    root.present().unwrap();
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let policies = root.join("policies");
+        let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
+        let evs = events(&policy);
+        // (b): every stream unclassified, so never shed: the proxy path with admission off.
+        let open = tempfile::tempdir().unwrap();
+        std::fs::write(open.path().join("streams.toml"), "[streams.\"none\"]\nsupersession = \"never\"\n").unwrap();
+        let mut rows = Vec::new();
+        let mut plot_samples = Vec::new();
+        for factor in [1.0, 3.0, 10.0] {
+            for contender in ["shedgate", "plain forward", "binary shedder"] {
+                let sim = Simulator::new(WORKERS, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
+                let capacity = sim.capacity();
+                let (up, up_task) = Arc::clone(&sim).serve_http().await.unwrap();
+                let upstream = format!("http://{up}");
+                let mut running = None;
+                let addr = match contender {
+                    "binary shedder" => start_binary(&upstream).await,
+                    _ => {
+                        let dir = if contender == "shedgate" { policies.clone() } else { open.path().to_owned() };
+                        let config = Config::from_args(ServeArgs {
+                            listen: Some("127.0.0.1:0".parse().unwrap()),
+                            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+                            upstream: Some(upstream.clone()),
+                            policies: Some(dir),
+                            max_inflight: Some(WORKERS),
+                            latency_target: Some(format!("{}ms", TARGET.as_millis())),
+                            ..ServeArgs::default()
+                        })
+                        .unwrap();
+                        let (r, _) = shedgate::app::start(config, Sources::default()).await.unwrap();
+                        let a = r.proxy_addr;
+                        running = Some(r);
+                        a
+                    }
+                };
+                // Pressure and shed share, sampled every 100 ms (shedgate at 10x: the plot).
+                let sampler = running
+                    .as_ref()
+                    .filter(|_| factor == 10.0 && contender == "shedgate")
+                    .map(|r| {
+                    let gauge = Arc::clone(&r.parts.pressure);
+                    let metrics = Arc::clone(&r.parts.metrics);
+                    tokio::spawn(async move {
+                        let start = Instant::now();
+                        let mut out = Vec::new();
+                        let (mut last_shed, mut last_all) = (0.0, 0.0);
+                        loop {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            let text = metrics.render();
+                            let sum = |name: &str, filter: &str| -> f64 {
+                                text.lines()
+                                    .filter(|l| l.starts_with(name) && l.contains(filter))
+                                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                                    .sum()
+                            };
+                            let shed = sum("shedgate_requests_total", "outcome=\"shed\"");
+                            let all = sum("shedgate_requests_total", "");
+                            let share = if all > last_all { (shed - last_shed) / (all - last_all) } else { 0.0 };
+                            (last_shed, last_all) = (shed, all);
+                            out.push((start.elapsed().as_secs_f64(), gauge.pressure().get(), share));
+                            if start.elapsed() > Duration::from_secs(WARM + OVERLOAD + AFTER) {
+                                return out;
+                            }
+                        }
+                    })
+                });
+                let url = format!("http://{addr}/ingest");
+                let secs = load(&url, capacity, &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)], &evs, 3).await;
+                rows.push(summarise(contender, factor, capacity, &secs, recovery(&secs)));
+                if let Some(s) = sampler {
+                    plot_samples = s.await.unwrap();
+                }
+                if let Some(r) = running {
+                    r.shutdown().await;
+                }
+                up_task.abort();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+        println!(
+            "upstream: {WORKERS} workers x {} ms = {:.0} req/s; latency target {} ms; client deadline {} s; load: Poisson, {}% never-shed",
+            SERVICE.as_millis(),
+            f64::from(WORKERS) / SERVICE.as_secs_f64(),
+            TARGET.as_millis(),
+            CLIENT_DEADLINE.as_secs(),
+            5
+        );
+        println!("| contender | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | CV admitted/s | recovered after |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {}x | {:.0}% | {:.1} | {:.1} | {:.1}% | {:.0}% | {:.0}% | {:.0}% | {:.3} | {} |",
+                r.name, r.factor, r.goodput * 100.0, r.p50, r.p99, r.never * 100.0,
+                r.bands[0] * 100.0, r.bands[1] * 100.0, r.bands[2] * 100.0, r.cv, r.recover
+            );
+        }
+        let out = root.join("docs/overload-shedgate-10x.png");
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        plot(&plot_samples, &out);
+        println!("plot: {}", out.display());
+    });
+}
