@@ -41,13 +41,7 @@ const WARM: u64 = 2;
 const OVERLOAD: u64 = 6;
 const AFTER: u64 = 4;
 
-const MIX: &[(&str, f64)] = &[
-    ("vehicle.position", 0.75),
-    ("sensor.reading", 0.15),
-    ("tile.render", 0.05),
-    ("geofence.transition", 0.03),
-    ("dlq.replay", 0.02),
-];
+use shedgate::sim::MIX;
 
 #[derive(Clone)]
 struct Ev {

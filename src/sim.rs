@@ -406,6 +406,16 @@ pub async fn run_scenario(
     r.clone()
 }
 
+/// The stream mix of the scenario tests and the overload benchmark: 95% sheddable, so at 10x
+/// the never-shed share alone is half the upstream's capacity.
+pub const MIX: &[(&str, f64)] = &[
+    ("vehicle.position", 0.75),
+    ("sensor.reading", 0.15),
+    ("tile.render", 0.05),
+    ("geofence.transition", 0.03),
+    ("dlq.replay", 0.02),
+];
+
 /// Events from real geography: cities weighted by population and rural places (the demo's
 /// data), with the given stream mix `(stream name, share)`, ranked by `policy`.
 pub fn geographic_events(

@@ -295,6 +295,23 @@ pub fn summarise(
     }
 }
 
+impl Decision {
+    /// A capped `never` class stayed over its budget for its whole wait (the middleware's
+    /// decision, outside [`decide`]: it needs the wait): shed with reason `budget`.
+    pub fn cap_exceeded(policy: &Policy, pressure: Pressure) -> Self {
+        Decision {
+            verdict: Verdict::Shed(ShedReason::Budget),
+            rule: Rule::Budget,
+            area: None,
+            rank: policy.default_rank(),
+            probability: 0.0,
+            pressure,
+            age_ms: None,
+            implausible_time: false,
+        }
+    }
+}
+
 /// Upstream concurrency as the budgets see it: requests in flight per class (indexed by
 /// [`crate::policy::Class::index`]), in total, and the capacity (`--max-inflight`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -599,16 +599,7 @@ fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) 
     let policy = &snapshot.policy;
     let now = (shared.sources.clock)();
     let pressure = shared.pressure.pressure();
-    let decision = crate::admission::Decision {
-        verdict: Verdict::Shed(ShedReason::Budget),
-        rule: crate::admission::Rule::Budget,
-        area: None,
-        rank: policy.default_rank(),
-        probability: 0.0,
-        pressure,
-        age_ms: None,
-        implausible_time: false,
-    };
+    let decision = crate::admission::Decision::cap_exceeded(policy, pressure);
     let m = &snapshot.metrics;
     m.shed(stream, None, decision.verdict);
     m.request(stream, Outcome::Shed);

@@ -11,14 +11,7 @@ use shedgate::sim::{
     Phase, Scenario, Second, ServiceTime, Simulator, geographic_events, run_scenario,
 };
 
-/// 95% sheddable: at 10x the never-shed share alone is half the upstream's capacity.
-const MIX: &[(&str, f64)] = &[
-    ("vehicle.position", 0.75),
-    ("sensor.reading", 0.15),
-    ("tile.render", 0.05),
-    ("geofence.transition", 0.03),
-    ("dlq.replay", 0.02),
-];
+use shedgate::sim::MIX;
 
 const WORKERS: u32 = 8;
 const SERVICE_MS: u64 = 20;
