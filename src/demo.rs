@@ -89,6 +89,60 @@ pub fn parse_places(csv: &str) -> Vec<Place> {
         .collect()
 }
 
+/// The embedded geography: cities weighted by population, and rural places.
+#[derive(Debug, Clone)]
+pub struct Geography {
+    cities: Vec<Place>,
+    rural: Vec<Place>,
+    /// Running population totals of `cities`, for weighted picks.
+    cumulative: Vec<u64>,
+}
+
+impl Geography {
+    /// Parses the embedded GeoNames extracts.
+    pub fn embedded() -> Self {
+        let cities = parse_places(CITIES_CSV);
+        let mut total = 0u64;
+        let cumulative = cities
+            .iter()
+            .map(|c| {
+                total += c.population;
+                total
+            })
+            .collect();
+        Geography {
+            cities,
+            rural: parse_places(SMALL_PLACES_CSV),
+            cumulative,
+        }
+    }
+
+    /// A place: with probability `rural_share` a rural place (uniformly), else a city with
+    /// probability proportional to its population. Returns the place and whether it is rural.
+    pub fn pick(&self, rng: &mut fastrand::Rng, rural_share: f64) -> (&Place, bool) {
+        if rng.f64() < rural_share {
+            return (&self.rural[rng.usize(..self.rural.len())], true);
+        }
+        let total = self.cumulative.last().copied().unwrap_or(1).max(1);
+        let target = rng.u64(..total);
+        let i = self.cumulative.partition_point(|&c| c <= target);
+        (&self.cities[i.min(self.cities.len() - 1)], false)
+    }
+}
+
+/// A stream name drawn from a mix of `(name, share)` (shares summing to about 1; the first
+/// stream takes any rest).
+pub fn pick_stream<'a>(rng: &mut fastrand::Rng, mix: &[(&'a str, f64)]) -> &'a str {
+    let mut pick = rng.f64();
+    for (name, share) in mix {
+        if pick < *share {
+            return name;
+        }
+        pick -= share;
+    }
+    mix[0].0
+}
+
 /// Stream mix of the demo traffic: (stream, share). Streams not in the policy are unknown,
 /// hence never shed.
 const STREAMS: &[(&str, f64)] = &[
@@ -189,14 +243,7 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         ..ServeArgs::default()
     })?;
     let (proxy, _) = crate::app::start(config, Sources::default()).await?;
-    let cities = parse_places(CITIES_CSV);
-    let rural = parse_places(SMALL_PLACES_CSV);
-    let mut cumulative = Vec::with_capacity(cities.len());
-    let mut total = 0u64;
-    for c in &cities {
-        total += c.population;
-        cumulative.push(total);
-    }
+    let geography = Geography::embedded();
     let phases = [
         ("steady", 1.0, args.phase_seconds),
         ("overload", args.overload, args.phase_seconds * 2),
@@ -242,7 +289,7 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             while sent < due {
                 sent += 1;
-                let event = make_event(&mut rng, &cities, &cumulative, total, &rural, &policy);
+                let event = make_event(&mut rng, &geography, &policy);
                 let client = client.clone();
                 let report = Arc::clone(&report);
                 let url = url.clone();
@@ -298,31 +345,9 @@ struct Event {
     body: Bytes,
 }
 
-fn make_event(
-    rng: &mut fastrand::Rng,
-    cities: &[Place],
-    cumulative: &[u64],
-    total: u64,
-    rural: &[Place],
-    policy: &Policy,
-) -> Event {
-    let mut pick = rng.f64();
-    let mut stream = STREAMS[0].0;
-    for (name, share) in STREAMS {
-        if pick < *share {
-            stream = name;
-            break;
-        }
-        pick -= share;
-    }
-    let is_rural = rng.f64() < RURAL_SHARE;
-    let place = if is_rural {
-        &rural[rng.usize(..rural.len())]
-    } else {
-        let target = rng.u64(..total);
-        let i = cumulative.partition_point(|&c| c <= target);
-        &cities[i.min(cities.len() - 1)]
-    };
+fn make_event(rng: &mut fastrand::Rng, geography: &Geography, policy: &Policy) -> Event {
+    let stream = pick_stream(rng, STREAMS);
+    let (place, is_rural) = geography.pick(rng, RURAL_SHARE);
     // Jitter within a few kilometres: vehicles are not all at the city centre.
     let lat = (place.lat + (rng.f64() - 0.5) * 0.05).clamp(-90.0, 90.0);
     let lon = (place.lon + (rng.f64() - 0.5) * 0.05).clamp(-180.0, 180.0);

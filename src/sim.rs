@@ -424,32 +424,12 @@ pub fn geographic_events(
     n: usize,
     seed: u64,
 ) -> Vec<SimEvent> {
-    let cities = crate::demo::parse_places(crate::demo::CITIES_CSV);
-    let rural = crate::demo::parse_places(crate::demo::SMALL_PLACES_CSV);
-    let mut cumulative = Vec::with_capacity(cities.len());
-    let mut total = 0u64;
-    for c in &cities {
-        total += c.population;
-        cumulative.push(total);
-    }
+    let geography = crate::demo::Geography::embedded();
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..n)
         .map(|_| {
-            let mut pick = rng.f64();
-            let mut stream = mix[0].0;
-            for (name, share) in mix {
-                if pick < *share {
-                    stream = name;
-                    break;
-                }
-                pick -= share;
-            }
-            let place = if rng.f64() < 0.25 {
-                &rural[rng.usize(..rural.len())]
-            } else {
-                let i = cumulative.partition_point(|&c| c <= rng.u64(..total));
-                &cities[i.min(cities.len() - 1)]
-            };
+            let stream = crate::demo::pick_stream(&mut rng, mix);
+            let (place, _) = geography.pick(&mut rng, 0.25);
             let id = policy.stream(stream);
             let never =
                 id.is_none_or(|id| policy.stream_policy(id).supersession == Supersession::Never);
