@@ -232,6 +232,17 @@ impl ErrorKind {
         ErrorKind::BadRequest,
     ];
 
+    /// The request outcome this error is: the client's fault (`rejected`) or the
+    /// upstream's (`upstream_error`).
+    pub fn outcome(self) -> Outcome {
+        match self {
+            ErrorKind::BadGateway | ErrorKind::GatewayTimeout => Outcome::UpstreamError,
+            ErrorKind::PayloadTooLarge | ErrorKind::BodyTimeout | ErrorKind::BadRequest => {
+                Outcome::Rejected
+            }
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             ErrorKind::BadGateway => "bad_gateway",

@@ -45,8 +45,9 @@ pub enum UpstreamOutcome {
         /// The timeout that elapsed.
         after: Duration,
     },
-    /// The proxy answered itself (502, 408, 413, 400): not an upstream latency.
-    Failed,
+    /// The proxy answered itself (502, 408, 413, 400), for this reason: not an upstream
+    /// latency.
+    Failed(crate::metrics::ErrorKind),
 }
 
 /// When the request body finished arriving (for streamed bodies; a buffered body has
@@ -258,8 +259,11 @@ impl Proxy {
 }
 
 fn failed(rejection: Rejection) -> Response<Body> {
+    let kind = rejection.error_kind();
     let mut r = rejection.into_response();
-    r.extensions_mut().insert(UpstreamOutcome::Failed);
+    if let Some(kind) = kind {
+        r.extensions_mut().insert(UpstreamOutcome::Failed(kind));
+    }
     r
 }
 

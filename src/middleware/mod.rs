@@ -566,32 +566,13 @@ where
                 .proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
             m.request(stream, Outcome::UpstreamError);
         }
-        Some(UpstreamOutcome::Failed) | None => {
-            let status = response.status();
-            let outcome = if status.is_client_error() {
-                Outcome::Rejected
-            } else {
-                Outcome::UpstreamError
-            };
-            if let Some(kind) = error_kind(status) {
-                m.global().proxy_error(kind);
-            }
-            m.request(stream, outcome);
+        Some(UpstreamOutcome::Failed(kind)) => {
+            m.global().proxy_error(*kind);
+            m.request(stream, kind.outcome());
         }
+        None => m.request(stream, Outcome::UpstreamError),
     }
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
-}
-
-fn error_kind(status: http::StatusCode) -> Option<crate::metrics::ErrorKind> {
-    use crate::metrics::ErrorKind;
-    match status.as_u16() {
-        400 => Some(ErrorKind::BadRequest),
-        408 => Some(ErrorKind::BodyTimeout),
-        413 => Some(ErrorKind::PayloadTooLarge),
-        502 => Some(ErrorKind::BadGateway),
-        504 => Some(ErrorKind::GatewayTimeout),
-        _ => None,
-    }
 }
 
 /// A capped `never` class stayed over its budget for the whole wait: 503 + `Retry-After`.
