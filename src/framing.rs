@@ -250,13 +250,23 @@ impl Tracker {
 fn judge(req: &httparse::Request<'_, '_>) -> Option<String> {
     let te: Vec<&[u8]> = header_values(req, "transfer-encoding").collect();
     let has_cl = header_values(req, "content-length").next().is_some();
-    if !te.is_empty() && has_cl {
+    judge_framing(&te, has_cl)
+}
+
+/// The framing rule, from a request's `Transfer-Encoding` values and whether it has a
+/// `Content-Length`: `Some(why)` when ambiguous (RFC 9112 sections 6.1 and 6.3) — both
+/// headers, several `Transfer-Encoding` lines, or a coding that is not exactly `chunked`.
+/// The raw-bytes guard applies it to every head; the middleware applies it again to the
+/// parsed headers for connections the guard stopped following.
+pub fn judge_framing(transfer_encoding: &[&[u8]], has_content_length: bool) -> Option<String> {
+    if !transfer_encoding.is_empty() && has_content_length {
         return Some("Transfer-Encoding beside Content-Length (request smuggling)".to_owned());
     }
-    if te.len() > 1 {
+    if transfer_encoding.len() > 1 {
         return Some("more than one Transfer-Encoding header line".to_owned());
     }
-    te.first()
+    transfer_encoding
+        .first()
         .filter(|v| !v.eq_ignore_ascii_case(b"chunked"))
         .map(|v| {
             format!(

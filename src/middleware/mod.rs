@@ -317,24 +317,19 @@ async fn hold_for_room(
     }
 }
 
-/// A `Transfer-Encoding` other than exactly one `chunked` (request smuggling: RFC 9112
-/// section 6.1 and 6.3). hyper already refuses a final coding other than `chunked`, and
-/// drops a `Content-Length` that comes with `Transfer-Encoding` (closing the connection after
-/// the response); what reaches here and is still ambiguous — whitespace around the coding,
-/// a repeated `chunked`, several header lines — is refused.
+/// The framing rule ([`crate::framing::judge_framing`]) on the parsed headers. hyper has
+/// already refused a final coding other than `chunked` and dropped a `Content-Length` that
+/// came with `Transfer-Encoding`; what is still ambiguous here is refused.
 fn ambiguous_framing(headers: &http::HeaderMap) -> Option<String> {
-    let mut values = headers.get_all(http::header::TRANSFER_ENCODING).iter();
-    let first = values.next()?;
-    if values.next().is_some() {
-        return Some("more than one Transfer-Encoding header line".into());
-    }
-    if first.as_bytes().eq_ignore_ascii_case(b"chunked") {
+    let te: Vec<&[u8]> = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .map(http::HeaderValue::as_bytes)
+        .collect();
+    if te.is_empty() {
         return None;
     }
-    Some(format!(
-        "Transfer-Encoding {:?} is not exactly \"chunked\"",
-        String::from_utf8_lossy(first.as_bytes())
-    ))
+    crate::framing::judge_framing(&te, headers.contains_key(CONTENT_LENGTH))
 }
 
 /// How to read a request whose body must be read: its route and mode (indices into the
