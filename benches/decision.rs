@@ -52,8 +52,7 @@ fn bench(c: &mut Criterion) {
                 .stream_policy(stream.unwrap())
                 .extractor
                 .extract(black_box(&body));
-            let events: Vec<_> = body.events.iter().map(|e| (stream, e)).collect();
-            let (stream, facts) = admission::summarise(policy, body.body, &events);
+            let (stream, facts) = admission::summarise(policy, body.body, &body.events, |_| stream);
             let d = admission::decide(
                 policy,
                 stream,

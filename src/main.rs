@@ -166,11 +166,10 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             Ok(bytes) => match stream {
                 Some(id) => {
                     let body = p.stream_policy(id).extractor.extract(&bytes);
-                    let events: Vec<_> = body.events.iter().map(|e| (Some(id), e)).collect();
-                    if events.is_empty() {
+                    if body.events.is_empty() {
                         Facts::UNREAD
                     } else {
-                        admission::summarise(p, body.body, &events).1
+                        admission::summarise(p, body.body, &body.events, |_| Some(id)).1
                     }
                 }
                 None => Facts::UNREAD,

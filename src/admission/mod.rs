@@ -222,35 +222,37 @@ pub const IMPLAUSIBLE_AFTER: std::time::Duration = std::time::Duration::from_sec
 /// only if its newest event is (the time returned is the newest, and the stream returned is
 /// that event's, whose `stale_after` applies).
 ///
-/// `events` pairs each event with its stream (`None`: unknown) and must not be empty.
+/// `events` must not be empty; `stream_of` gives each event's stream (`None`: unknown).
 pub fn summarise(
     policy: &Policy,
     body: BodyState,
-    events: &[(Option<StreamId>, &EventFacts)],
+    events: &[EventFacts],
+    stream_of: impl Fn(&EventFacts) -> Option<StreamId>,
 ) -> (Option<StreamId>, Facts) {
-    let first = events.first().and_then(|(s, _)| *s);
+    let first = events.first().and_then(&stream_of);
     let mut facts = Facts {
         body,
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
     };
-    for (stream, _) in events {
+    for event in events {
+        let stream = stream_of(event);
         let sheddable = stream.is_some_and(|id| {
             policy.stream_policy(id).supersession == Supersession::SelfSuperseding
         });
         if !sheddable {
-            return (*stream, facts);
+            return (stream, facts);
         }
     }
-    if let [(stream, event)] = events {
+    if let [event] = events {
         facts.coordinates = event.coordinates;
         facts.time = event.time;
-        return (*stream, facts);
+        return (first, facts);
     }
     let mut best: Option<Rank> = None;
     let mut newest: Option<(UnixMillis, Option<StreamId>)> = None;
     let mut untimed = false;
-    for (stream, event) in events {
+    for event in events {
         match event.coordinates {
             Coordinates::Valid { lat, lon } => {
                 let (_, rank) = policy.area_at(lat, lon);
@@ -275,7 +277,7 @@ pub fn summarise(
         }
         match event.time {
             EventTime::At(at) if newest.is_none_or(|(n, _)| at > n) => {
-                newest = Some((at, *stream));
+                newest = Some((at, stream_of(event)));
             }
             EventTime::Invalid if newest.is_none() => facts.time = EventTime::Invalid,
             _ => {}
@@ -457,7 +459,7 @@ mod tests {
         let a = p.stream("a");
         let old = event(Coordinates::Missing, EventTime::At(UnixMillis(0)));
         let untimed = event(Coordinates::Missing, EventTime::Missing);
-        let (_, facts) = summarise(&p, BodyState::Json, &[(a, &old), (a, &untimed)]);
+        let (_, facts) = summarise(&p, BodyState::Json, &[old, untimed], |_| a);
         assert_eq!(facts.time, EventTime::Missing);
     }
 
@@ -468,7 +470,7 @@ mod tests {
         // Berlin's cell is rank 90 in this policy; an unreadable point makes it rank 50.
         let berlin = event(Coordinates::new(52.52, 13.405), EventTime::Missing);
         let unreadable = event(Coordinates::Invalid, EventTime::Missing);
-        let (_, facts) = summarise(&p, BodyState::Json, &[(a, &berlin), (a, &unreadable)]);
+        let (_, facts) = summarise(&p, BodyState::Json, &[berlin.clone(), unreadable], |_| a);
         let d = decide(
             &p,
             a,
@@ -479,7 +481,7 @@ mod tests {
             &Load::IDLE,
         );
         assert_eq!(d.rank.get(), 50);
-        let (_, facts) = summarise(&p, BodyState::Json, &[(a, &berlin), (a, &berlin)]);
+        let (_, facts) = summarise(&p, BodyState::Json, &[berlin.clone(), berlin], |_| a);
         let d = decide(
             &p,
             a,

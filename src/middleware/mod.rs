@@ -404,30 +404,26 @@ where
     let source = read_as
         .route
         .map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
-    let events: Vec<(Option<StreamId>, &EventFacts)> = body_facts
-        .events
-        .iter()
-        .map(|e| match (read_as.known, source) {
-            (Some(known), _) => (known, e),
-            (None, Some(source)) => {
-                let named = e.stream.as_deref().and_then(|v| source.map_field(v));
-                (named.and_then(|n| policy.stream(&n)), e)
-            }
-            (None, None) => (None, e),
-        })
-        .collect();
-    let (stream, facts) = match events.as_slice() {
-        [] => (
-            stream,
-            Facts {
-                body: body_facts.body,
-                coordinates: Coordinates::Missing,
-                time: EventTime::Missing,
-            },
-        ),
-        events => summarise(policy, body_facts.body, events),
+    // Each event's stream: known before the body, or named in the body (mapped by the route).
+    let stream_of = |e: &EventFacts| match (read_as.known, source) {
+        (Some(known), _) => known,
+        (None, Some(source)) => e
+            .stream
+            .as_deref()
+            .and_then(|v| source.map_field(v))
+            .and_then(|n| policy.stream(&n)),
+        (None, None) => None,
     };
-    drop(events);
+    let (stream, facts) = if body_facts.events.is_empty() {
+        let no_facts = Facts {
+            body: body_facts.body,
+            coordinates: Coordinates::Missing,
+            time: EventTime::Missing,
+        };
+        (stream, no_facts)
+    } else {
+        summarise(policy, body_facts.body, &body_facts.events, stream_of)
+    };
     let m = &snapshot.metrics;
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
