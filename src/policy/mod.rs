@@ -256,13 +256,8 @@ pub struct Route {
 }
 
 impl Route {
-    /// How to read a request with this `Content-Type` (CloudEvents has three content
-    /// modes; every other format one).
-    pub fn mode(&self, content_type: Option<&[u8]>) -> &RouteMode {
-        self.mode_at(self.mode_index(content_type))
-    }
-
-    /// Index of the mode for this `Content-Type`, for [`Route::mode_at`].
+    /// Index of the mode for this `Content-Type` (CloudEvents has three content modes; every
+    /// other format one), for [`Route::mode_at`].
     pub fn mode_index(&self, content_type: Option<&[u8]>) -> usize {
         let want = ContentMode::of(content_type);
         self.modes.iter().position(|(m, _)| *m == want).unwrap_or(0)
@@ -468,12 +463,8 @@ impl Policy {
         &self.routes
     }
 
-    /// The route of a request path: the longest prefix that matches at a segment boundary.
-    pub fn route(&self, path: &str) -> Option<&Route> {
-        self.route_index(path).map(|i| &self.routes[i])
-    }
-
-    /// Index (into [`Policy::routes`]) of the route of a request path.
+    /// Index (into [`Policy::routes`]) of the route of a request path: the longest prefix
+    /// that matches at a segment boundary.
     pub fn route_index(&self, path: &str) -> Option<usize> {
         self.routes
             .iter()

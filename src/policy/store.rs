@@ -21,6 +21,16 @@ pub struct Snapshot {
     pub metrics: PolicyMetrics,
 }
 
+impl Snapshot {
+    /// A policy with its metric handles.
+    pub fn new(metrics: &Arc<Metrics>, policy: super::Policy) -> Self {
+        Snapshot {
+            metrics: PolicyMetrics::new(metrics, &policy),
+            policy,
+        }
+    }
+}
+
 /// What a reload did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
@@ -77,10 +87,7 @@ impl PolicyStore {
     /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy.
     pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<(Self, Vec<Warning>), PolicyError> {
         let compiled = compile(&PolicyFiles::read(dir)?)?;
-        let snapshot = Snapshot {
-            metrics: PolicyMetrics::new(&metrics, &compiled.policy),
-            policy: compiled.policy,
-        };
+        let snapshot = Snapshot::new(&metrics, compiled.policy);
         metrics.policy_loaded(snapshot.policy.version(), UnixMillis::now());
         Ok((
             PolicyStore {
@@ -152,10 +159,7 @@ impl PolicyStore {
                 for w in &compiled.warnings {
                     tracing::warn!("{w}");
                 }
-                let snapshot = Arc::new(Snapshot {
-                    metrics: PolicyMetrics::new(&self.metrics, &compiled.policy),
-                    policy: compiled.policy,
-                });
+                let snapshot = Arc::new(Snapshot::new(&self.metrics, compiled.policy));
                 self.live.store(Arc::clone(&snapshot));
                 let now = UnixMillis::now();
                 self.metrics.policy_loaded(&version, now);
