@@ -19,9 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn boundary_edits_are_never_shed_at_any_pressure() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     for (i, pressure) in [0.0, 0.5, 0.9, 1.0].into_iter().enumerate() {
         pin(&proxy, pressure).await;
         let a = post(&proxy, "feature.boundary_edit", event(BERLIN, 0)).await;
@@ -35,9 +33,7 @@ async fn boundary_edits_are_never_shed_at_any_pressure() {
 
 #[tokio::test]
 async fn unknown_stream_defaults_to_never_shed() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 1.0).await;
     let a = post(&proxy, "some.new.topic", event(BERLIN, 0)).await;
     assert_eq!(a.status, StatusCode::OK);
@@ -51,9 +47,7 @@ async fn unknown_stream_defaults_to_never_shed() {
 
 #[tokio::test]
 async fn stale_pings_are_shed_even_at_zero_pressure() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 0.0).await;
     let a = post(&proxy, "vehicle.position", event(BERLIN, 120)).await;
     assert_eq!(a.status, StatusCode::ACCEPTED);
@@ -88,9 +82,7 @@ async fn stale_pings_are_shed_even_at_zero_pressure() {
 
 #[tokio::test]
 async fn priority_areas_survive_longer_than_default_ones() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 0.75).await;
     let kept = post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
     assert_eq!(kept.status, StatusCode::OK);
@@ -115,9 +107,7 @@ async fn priority_areas_survive_longer_than_default_ones() {
 
 #[tokio::test]
 async fn nothing_is_shed_below_the_pressure_floor() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 0.4).await;
     for at in [BERLIN, MUNICH] {
         let a = post(&proxy, "vehicle.position", event(at, 0)).await;
@@ -130,9 +120,7 @@ async fn nothing_is_shed_below_the_pressure_floor() {
 
 #[tokio::test]
 async fn shed_answers_503_with_retry_after_and_problem_json() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 0.9).await;
     let mut seconds = std::collections::BTreeSet::new();
     for _ in 0..200 {
@@ -334,9 +322,7 @@ async fn slow_body_is_408_and_never_reaches_the_upstream() {
 
 #[tokio::test]
 async fn forwarding_headers_and_path_reach_the_upstream() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     let req = Request::post(format!("http://{}/ingest/v1?src=test", proxy.proxy_addr))
         .header("x-stream", "geofence.transition")
         .header("x-forwarded-for", "203.0.113.9")
@@ -357,9 +343,7 @@ async fn forwarding_headers_and_path_reach_the_upstream() {
 
 #[tokio::test]
 async fn expect_continue_and_chunked_bodies_work() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (upstream, _policy, proxy) = seeded().await;
     let body = event(BERLIN, 0);
     for stream in ["vehicle.position", "dlq.replay"] {
         let mut tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
@@ -452,9 +436,7 @@ async fn graceful_shutdown_drains_in_flight_requests() {
 
 #[tokio::test]
 async fn pressure_can_be_pinned_unpinned_and_read() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (_upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 0.8).await;
     let v = admin_get(&proxy, "/pressure").await.json();
     assert_eq!(v["value"], 0.8);
@@ -480,9 +462,7 @@ async fn pressure_can_be_pinned_unpinned_and_read() {
 
 #[tokio::test]
 async fn metrics_expose_the_catalog_with_policy_names_only() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let (_upstream, _policy, proxy) = seeded().await;
     pin(&proxy, 0.75).await;
     post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
     post(&proxy, "vehicle.position", event(MUNICH, 0)).await;

@@ -220,6 +220,15 @@ pub fn cases_policy() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/examples/cases")
 }
 
+/// A recording upstream and a proxy with the seed policy in front of it (keep the policy
+/// directory alive as long as the proxy).
+pub async fn seeded() -> (MockUpstream, PolicyDir, Running) {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    (upstream, policy, proxy)
+}
+
 /// A proxy in front of `upstream` with the policy in `policies`.
 pub async fn spawn_proxy(upstream: &str, policies: &Path) -> Running {
     spawn_proxy_with(upstream, policies, |_| {}).await
