@@ -3,6 +3,34 @@
 //!
 //! [`Controller`] is the pure state machine (time is an argument); [`PressureGauge`] is the
 //! shared, lock-free front the request path uses, ticked by one task.
+//!
+//! # The loop
+//!
+//! Shedding changes the load the controller measures, so the controller is a feedback loop
+//! whose plant is the upstream's queue. A queue integrates the difference between the
+//! admitted rate and the upstream's capacity, so a controller that is proportional only
+//! settles with an offset that grows with the overload (the more must be shed, the longer
+//! the queue that pays for it: 91% goodput and a 114 ms p99 at 10x in this crate's first
+//! version), and one that is integral only oscillates (two integrators in a ring). This one
+//! is proportional-integral, like CoDel's and Vector's controllers in spirit:
+//!
+//! - the **integral** `b` (the shedding effort, in load-index units) rises while the upstream
+//!   holds a standing queue *and* its latency is over the target, and falls otherwise, so
+//!   that in steady overload in-flight settles at [`SETPOINT`] times `max_inflight`
+//!   whatever the overload factor;
+//! - the **proportional** part acts on the in-flight count at the moment of each decision,
+//!   not at the last tick: a step to 10x fills a queue in milliseconds, long before a 50 ms
+//!   tick could react, and this term is what keeps the onset from overshooting;
+//! - below capacity, `base` (utilisation and latency, at most 1) says how close the upstream
+//!   is to full: `p = 0.5` exactly when it is fully used or at its latency target and no
+//!   shedding effort is needed (PRODUCT.md: "0.5 means at comfortable capacity, coping").
+//!
+//! Nothing is learned that could go stale: the latency reference is the operator's target,
+//! not a measured minimum RTT that could ratchet up or drift (FIELD-NOTES "Pressure
+//! controllers"). An upstream that a deploy made slower than the target does not shed on its
+//! own: shedding also needs a standing queue (Netflix Gradient2's "app-limited" guard in
+//! another form), so a slow upstream at light load is left alone, and a slow upstream under
+//! load is held at its real capacity.
 
 use std::num::NonZeroU32;
 use std::sync::Mutex;
@@ -23,13 +51,12 @@ pub struct ControllerConfig {
     pub latency_target: Duration,
 }
 
-/// Smoothing time constant of the utilisation signal. In-flight is a direct measure, but at
-/// 80% load random arrivals queue now and then: 400 ms keeps that noise under the floor
-/// while a step in load shows within a second (tuned on the scenario tests: 250 ms shed 3.6%
-/// at 0.8x, 400 ms 1.9%, with the same goodput under overload).
+/// Smoothing time constant of the utilisation shown below capacity (`base`). It only shapes
+/// the pressure reported while nothing needs shedding; the loop itself does not go through it.
 pub const UTILISATION_TAU: Duration = Duration::from_millis(400);
-/// Smoothing time constant of the latency signal.
-pub const LATENCY_TAU: Duration = Duration::from_millis(500);
+/// Smoothing time constant of the latency ratio. Short, because the integral waits on it at
+/// the onset of overload; at 20 samples per tick the mean of a tick is already steady.
+pub const LATENCY_TAU: Duration = Duration::from_millis(150);
 /// Time constant with which the latency estimate decays while no samples arrive. It keeps the
 /// controller from freezing: when everything sheddable is shed and the upstream idles, no
 /// sample replaces the last high one (FIELD-NOTES "Pressure controllers").
@@ -38,6 +65,33 @@ pub const LATENCY_DECAY_TAU: Duration = Duration::from_secs(1);
 /// it the weight falls linearly: a handful of slow requests is noise, not overload
 /// (PRODUCT.md "Pressure": "at very low request volume the estimate is noise").
 pub const FULL_CONFIDENCE_RATE: f64 = 20.0;
+/// In-flight the loop holds in steady overload, as a multiple of `max_inflight`: a standing
+/// queue of a quarter of the upstream's concurrency, so that a worker that finishes always
+/// finds the next request waiting (full use) while the wait stays a fraction of a service
+/// time (latency near the target). Also the level above which the proportional part acts.
+pub const SETPOINT: f64 = 1.25;
+/// Proportional gain: load index per unit of utilisation above the proportional part's
+/// reference, applied to the in-flight count at each decision.
+pub const PROPORTIONAL_GAIN: f64 = 1.0;
+/// While no shedding effort has built up, the proportional part acts only above
+/// `SETPOINT + REST_MARGIN` (2x `max_inflight`: a queue as deep as the upstream's own
+/// concurrency). Below capacity, random arrivals queue a few requests now and then, and
+/// that queue drains by itself; shedding on it cost 1.9% of the traffic at 0.8x offered
+/// load. The margin fades linearly as the effort grows to [`ENGAGED_EFFORT`], so the
+/// reference moves continuously to [`SETPOINT`] once the loop is engaged.
+pub const REST_MARGIN: f64 = 0.75;
+/// Shedding effort at and above which the proportional part's reference is [`SETPOINT`].
+pub const ENGAGED_EFFORT: f64 = 0.5;
+/// Integral gain, per second: the shedding effort moves by this much per second per unit of
+/// error (utilisation over the setpoint, or latency ratio over 1, whichever is smaller).
+pub const INTEGRAL_GAIN: f64 = 4.0;
+/// Largest shedding effort: `p = 1 - 2^-(1 + 6) ≈ 0.992`, where every rank but the first is
+/// shed. Anti-windup: an overload that shedding cannot fix (never-shed traffic alone over
+/// capacity) does not build an effort that would take seconds to unwind.
+pub const MAX_EFFORT: f64 = 6.0;
+/// The error fed to the integral is clamped to `±ERROR_CLAMP`, so one tick of a huge queue
+/// (a 10x step) moves the effort by at most `INTEGRAL_GAIN * ERROR_CLAMP * TICK` = 0.4.
+pub const ERROR_CLAMP: f64 = 2.0;
 /// How often [`PressureGauge::tick`] should run.
 pub const TICK: Duration = Duration::from_millis(50);
 
@@ -50,44 +104,97 @@ pub struct LatencyWindow {
     pub sum_us: u64,
 }
 
+/// In-flight counts seen by admission decisions between two ticks. Arrivals of a Poisson
+/// stream see the time average (PASTA), so their mean is the window's mean in-flight,
+/// without a clock read per request.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InflightWindow {
+    /// Number of observations.
+    pub count: u64,
+    /// Sum of the in-flight counts observed.
+    pub sum: u64,
+}
+
+/// The controller's output after a tick, read by every decision until the next one.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Output {
+    /// How full the upstream is, `0.0..=1.0` (utilisation or latency ratio, the larger).
+    pub base: f64,
+    /// The integral shedding effort, load-index units, `0.0..=MAX_EFFORT`.
+    pub effort: f64,
+}
+
+impl Output {
+    /// Pressure, 0.0–1.0, with `inflight` requests in flight now:
+    ///
+    /// ```text
+    /// reference = SETPOINT + REST_MARGIN * max(0, 1 - effort / ENGAGED_EFFORT)
+    /// x = base + max(0, effort + PROPORTIONAL_GAIN * (inflight / max_inflight - reference))
+    /// p = 1 - 2^(-x)
+    /// ```
+    ///
+    /// `x = 1` gives `p = 0.5`, `x = 2` 0.75, `x = 3` 0.875; continuous everywhere and
+    /// non-decreasing in `inflight`.
+    pub fn pressure(&self, inflight: u32, max_inflight: NonZeroU32) -> f64 {
+        let u = f64::from(inflight) / f64::from(max_inflight.get());
+        let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);
+        let x = self.base + (self.effort + PROPORTIONAL_GAIN * (u - reference)).max(0.0);
+        1.0 - (-x).exp2()
+    }
+}
+
 /// The pure controller.
 ///
-/// State: `u`, the smoothed utilisation; `l`, the smoothed latency ratio; `rate`, the
-/// smoothed sample rate. On each update at time `now`, `dt` after the previous one, with
-/// `a(τ) = 1 - exp(-dt/τ)`:
+/// State: `u`, smoothed utilisation; `l`, smoothed latency ratio; `rate`, smoothed latency
+/// sample rate; `b`, the shedding effort. On each update at time `now`, `dt` seconds after
+/// the previous one, with `a(τ) = 1 - exp(-dt/τ)`, `ū` the window's mean in-flight over
+/// `max_inflight`:
 ///
 /// ```text
-/// u    += a(UTILISATION_TAU) * (inflight / max_inflight - u)
-/// l    += a(LATENCY_TAU)     * (mean_latency / latency_target - l)   if samples arrived
-/// l    *= exp(-dt / LATENCY_DECAY_TAU)                               otherwise
-/// rate += a(LATENCY_TAU)     * (count / dt - rate)
-/// x     = max(u, l * min(1, rate / FULL_CONFIDENCE_RATE))            the load index
-/// p     = 1 - 2^(-x)
+/// u    += a(UTILISATION_TAU) * (ū - u)
+/// l    += a(LATENCY_TAU) * (mean_latency / latency_target - l)    if samples arrived
+/// l    *= exp(-dt / LATENCY_DECAY_TAU)                            otherwise
+/// rate += a(LATENCY_TAU) * (count / dt - rate)
+/// lc    = l * min(1, rate / FULL_CONFIDENCE_RATE)                  confidence-weighted
+/// e     = clamp(min(ū - SETPOINT, lc - 1), -ERROR_CLAMP, ERROR_CLAMP)
+/// b     = clamp(b + INTEGRAL_GAIN * e * dt, 0, MAX_EFFORT)
+/// base  = min(1, max(u, lc))
 /// ```
 ///
-/// `x = 1` is "upstream fully used, latency at target", so `p = 0.5` there, as PRODUCT.md
-/// requires; `x = 2` gives 0.75, `x = 3` 0.875; `p` approaches 1 smoothly and never jumps.
+/// The error is the smaller of the two because shedding is only the answer when both agree:
+/// a standing queue with latency under target means `max_inflight` is set low and the
+/// upstream copes; latency over target without a standing queue means the upstream is slow,
+/// not loaded (shedding would not make it faster). Timeouts arrive as samples as slow as the
+/// timeout (overload, not a fast sample); the proxy's own answers (sheds, 502s) and the
+/// upstream's 5xx are not samples at all.
 #[derive(Debug, Clone)]
 pub struct Controller {
     config: ControllerConfig,
     u: f64,
     l: f64,
     rate: f64,
+    mean_inflight: f64,
+    output: Output,
     last: Option<Instant>,
-    pressure: f64,
 }
 
 /// The controller's view, for `GET /pressure`.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct ControllerState {
-    /// Computed pressure, 0.0–1.0.
+    /// Pressure at the last tick, 0.0–1.0, with the in-flight count of that moment.
     pub computed: f64,
+    /// Mean in-flight over the last tick, as a share of max_inflight.
+    pub mean_utilisation: f64,
     /// Smoothed in-flight utilisation (in-flight / max_inflight).
     pub utilisation: f64,
     /// Smoothed latency ratio (latency / target), before confidence weighting.
     pub latency_ratio: f64,
     /// Smoothed latency samples per second.
     pub sample_rate: f64,
+    /// How full the upstream is below capacity, 0.0–1.0.
+    pub base: f64,
+    /// The integral shedding effort, load-index units.
+    pub effort: f64,
     /// Configured max in-flight.
     pub max_inflight: u32,
     /// Configured latency target, milliseconds.
@@ -102,54 +209,73 @@ impl Controller {
             u: 0.0,
             l: 0.0,
             rate: 0.0,
+            mean_inflight: 0.0,
+            output: Output::default(),
             last: None,
-            pressure: 0.0,
         }
     }
 
-    /// Folds in the current in-flight count and the latency samples since the last update,
-    /// returning the new pressure.
-    pub fn update(&mut self, now: Instant, inflight: u32, window: LatencyWindow) -> f64 {
+    /// Folds in the in-flight counts observed since the last update (`inflight` now, used
+    /// when no decision observed any) and the latency samples, returning the new output.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn update(
+        &mut self,
+        now: Instant,
+        inflight: u32,
+        observed: InflightWindow,
+        latency: LatencyWindow,
+    ) -> Output {
         let dt = match self.last {
             Some(last) => now.saturating_duration_since(last).as_secs_f64(),
             None => TICK.as_secs_f64(),
         };
         self.last = Some(now);
         if dt <= 0.0 {
-            return self.pressure;
+            return self.output;
         }
         let alpha = |tau: Duration| 1.0 - (-dt / tau.as_secs_f64()).exp();
-        let target = f64::from(self.config.max_inflight.get());
-        self.u += alpha(UTILISATION_TAU) * (f64::from(inflight) / target - self.u);
-        #[allow(clippy::cast_precision_loss)]
-        if window.count > 0 {
-            let mean = window.sum_us as f64 / window.count as f64 / 1e6;
+        let max = f64::from(self.config.max_inflight.get());
+        let mean = if observed.count > 0 {
+            observed.sum as f64 / observed.count as f64
+        } else {
+            f64::from(inflight)
+        };
+        self.mean_inflight = mean / max;
+        self.u += alpha(UTILISATION_TAU) * (self.mean_inflight - self.u);
+        if latency.count > 0 {
+            let mean = latency.sum_us as f64 / latency.count as f64 / 1e6;
             let ratio = mean / self.config.latency_target.as_secs_f64();
             self.l += alpha(LATENCY_TAU) * (ratio - self.l);
         } else {
             self.l *= (-dt / LATENCY_DECAY_TAU.as_secs_f64()).exp();
         }
-        #[allow(clippy::cast_precision_loss)]
-        let instant_rate = window.count as f64 / dt;
-        self.rate += alpha(LATENCY_TAU) * (instant_rate - self.rate);
-        let confidence = (self.rate / FULL_CONFIDENCE_RATE).min(1.0);
-        let x = self.u.max(self.l * confidence).max(0.0);
-        self.pressure = 1.0 - (-x).exp2();
-        self.pressure
+        self.rate += alpha(LATENCY_TAU) * (latency.count as f64 / dt - self.rate);
+        let lc = self.l * (self.rate / FULL_CONFIDENCE_RATE).min(1.0);
+        let error = (self.mean_inflight - SETPOINT)
+            .min(lc - 1.0)
+            .clamp(-ERROR_CLAMP, ERROR_CLAMP);
+        self.output = Output {
+            base: self.u.max(lc).clamp(0.0, 1.0),
+            effort: (self.output.effort + INTEGRAL_GAIN * error * dt).clamp(0.0, MAX_EFFORT),
+        };
+        self.output
     }
 
-    /// The last computed pressure.
-    pub fn pressure(&self) -> f64 {
-        self.pressure
+    /// The last output.
+    pub fn output(&self) -> Output {
+        self.output
     }
 
-    /// The controller's state.
-    pub fn state(&self) -> ControllerState {
+    /// The controller's state, with `inflight` requests in flight now.
+    pub fn state(&self, inflight: u32) -> ControllerState {
         ControllerState {
-            computed: self.pressure,
+            computed: self.output.pressure(inflight, self.config.max_inflight),
+            mean_utilisation: self.mean_inflight,
             utilisation: self.u,
             latency_ratio: self.l,
             sample_rate: self.rate,
+            base: self.output.base,
+            effort: self.output.effort,
             max_inflight: self.config.max_inflight.get(),
             latency_target_ms: self.config.latency_target.as_secs_f64() * 1e3,
         }
@@ -163,10 +289,14 @@ const UNPINNED: u64 = f64::NAN.to_bits();
 #[derive(Debug)]
 pub struct PressureGauge {
     controller: Mutex<Controller>,
+    max_inflight: NonZeroU32,
     inflight: AtomicU32,
     sum_us: AtomicU64,
     count: AtomicU64,
-    current: AtomicU64,
+    observed_sum: AtomicU64,
+    observed_count: AtomicU64,
+    base: AtomicU64,
+    effort: AtomicU64,
     pinned: AtomicU64,
 }
 
@@ -188,22 +318,47 @@ impl PressureGauge {
     pub fn new(config: ControllerConfig) -> Self {
         PressureGauge {
             controller: Mutex::new(Controller::new(config)),
+            max_inflight: config.max_inflight,
             inflight: AtomicU32::new(0),
             sum_us: AtomicU64::new(0),
             count: AtomicU64::new(0),
-            current: AtomicU64::new(0f64.to_bits()),
+            observed_sum: AtomicU64::new(0),
+            observed_count: AtomicU64::new(0),
+            base: AtomicU64::new(0f64.to_bits()),
+            effort: AtomicU64::new(0f64.to_bits()),
             pinned: AtomicU64::new(UNPINNED),
         }
     }
 
-    /// The pressure decisions use now.
-    pub fn pressure(&self) -> Pressure {
-        let pinned = f64::from_bits(self.pinned.load(Ordering::Relaxed));
-        if pinned.is_nan() {
-            Pressure::saturating(f64::from_bits(self.current.load(Ordering::Relaxed)))
-        } else {
-            Pressure::saturating(pinned)
+    fn computed(&self, inflight: u32) -> f64 {
+        Output {
+            base: f64::from_bits(self.base.load(Ordering::Relaxed)),
+            effort: f64::from_bits(self.effort.load(Ordering::Relaxed)),
         }
+        .pressure(inflight, self.max_inflight)
+    }
+
+    fn pin_value(&self) -> Option<Pressure> {
+        let pinned = f64::from_bits(self.pinned.load(Ordering::Relaxed));
+        (!pinned.is_nan()).then(|| Pressure::saturating(pinned))
+    }
+
+    /// The pressure now: the pin if pinned, else the controller's output at the current
+    /// in-flight count. For reports; decisions use [`PressureGauge::admission_pressure`].
+    pub fn pressure(&self) -> Pressure {
+        self.pin_value()
+            .unwrap_or_else(|| Pressure::saturating(self.computed(self.inflight())))
+    }
+
+    /// The pressure an admission decision uses now, as [`PressureGauge::pressure`]; also
+    /// records the in-flight count this arrival saw, for the next tick's mean.
+    pub fn admission_pressure(&self) -> Pressure {
+        let inflight = self.inflight();
+        self.observed_sum
+            .fetch_add(u64::from(inflight), Ordering::Relaxed);
+        self.observed_count.fetch_add(1, Ordering::Relaxed);
+        self.pin_value()
+            .unwrap_or_else(|| Pressure::saturating(self.computed(inflight)))
     }
 
     /// Pins pressure (drills, tests); `None` unpins.
@@ -214,7 +369,7 @@ impl PressureGauge {
 
     /// Whether pressure is pinned.
     pub fn is_pinned(&self) -> bool {
-        !f64::from_bits(self.pinned.load(Ordering::Relaxed)).is_nan()
+        self.pin_value().is_some()
     }
 
     /// Counts a request as in flight until the returned guard drops.
@@ -230,34 +385,42 @@ impl PressureGauge {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Records an upstream latency sample (a response the upstream itself gave).
+    /// Records an upstream latency sample (a response the upstream itself gave, not a 5xx;
+    /// or a timeout, as a sample as slow as the timeout).
     pub fn record_latency(&self, latency: Duration) {
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.sum_us.fetch_add(us, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Updates the controller with the samples since the last tick; returns the new
-    /// computed pressure.
+    /// Updates the controller with what was observed since the last tick; returns the
+    /// pressure at the current in-flight count.
     pub fn tick(&self, now: Instant) -> f64 {
-        let window = LatencyWindow {
+        let latency = LatencyWindow {
             count: self.count.swap(0, Ordering::Relaxed),
             sum_us: self.sum_us.swap(0, Ordering::Relaxed),
         };
+        let observed = InflightWindow {
+            count: self.observed_count.swap(0, Ordering::Relaxed),
+            sum: self.observed_sum.swap(0, Ordering::Relaxed),
+        };
+        let inflight = self.inflight();
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
-        let p = c.update(now, self.inflight(), window);
-        self.current.store(p.to_bits(), Ordering::Relaxed);
-        p
+        let out = c.update(now, inflight, observed, latency);
+        self.base.store(out.base.to_bits(), Ordering::Relaxed);
+        self.effort.store(out.effort.to_bits(), Ordering::Relaxed);
+        out.pressure(inflight, self.max_inflight)
     }
 
     /// Everything `GET /pressure` shows.
     pub fn view(&self) -> PressureView {
+        let inflight = self.inflight();
         let c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
         PressureView {
             value: self.pressure().get(),
             pinned: self.is_pinned(),
-            inflight: self.inflight(),
-            controller: c.state(),
+            inflight,
+            controller: c.state(inflight),
         }
     }
 }
@@ -278,54 +441,100 @@ impl Drop for InflightGuard {
 mod tests {
     use super::*;
 
+    const MAX: u32 = 8;
+
     fn controller() -> Controller {
         Controller::new(ControllerConfig {
-            max_inflight: NonZeroU32::new(10).unwrap(),
+            max_inflight: NonZeroU32::new(MAX).unwrap(),
             latency_target: Duration::from_millis(50),
         })
     }
 
+    fn samples(per_tick: u64, ms: u64) -> LatencyWindow {
+        LatencyWindow {
+            count: per_tick,
+            sum_us: per_tick * ms * 1000,
+        }
+    }
+
+    /// Runs `secs` of ticks with `inflight` in flight throughout; returns the end time and
+    /// the pressure a decision would see then.
     fn run(
         c: &mut Controller,
         start: Instant,
         secs: f64,
         inflight: u32,
-        per_tick: LatencyWindow,
-    ) -> Instant {
+        latency: LatencyWindow,
+    ) -> (Instant, f64) {
         let mut now = start;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let ticks = (secs / TICK.as_secs_f64()) as u32;
+        let observed = InflightWindow {
+            count: 1,
+            sum: u64::from(inflight),
+        };
         for _ in 0..ticks {
             now += TICK;
-            c.update(now, inflight, per_tick);
+            c.update(now, inflight, observed, latency);
         }
-        now
+        let max = NonZeroU32::new(MAX).unwrap();
+        (now, c.output().pressure(inflight, max))
     }
 
     #[tokio::test(start_paused = true)]
     async fn half_at_full_use_and_target_latency() {
         let mut c = controller();
-        // 10 in flight of 10; 50 samples/s at exactly the 50 ms target.
-        let w = LatencyWindow {
-            count: 5,
-            sum_us: 5 * 50_000,
-        };
-        run(&mut c, Instant::now(), 5.0, 10, w);
-        assert!((c.pressure() - 0.5).abs() < 0.01, "{}", c.pressure());
+        // 8 in flight of 8; 100 samples/s at exactly the 50 ms target.
+        let (_, p) = run(&mut c, Instant::now(), 5.0, MAX, samples(5, 50));
+        assert!((p - 0.5).abs() < 0.01, "{p}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standing_queue_over_target_builds_effort_until_it_is_gone() {
+        let mut c = controller();
+        // 16 in flight of 8, latency 4x the target: overload.
+        let (now, p) = run(&mut c, Instant::now(), 1.0, 2 * MAX, samples(5, 200));
+        assert!(p > 0.9, "{p}");
+        let effort = c.output().effort;
+        assert!(effort > 2.0, "{effort}");
+        // Held at the setpoint with latency at target: the effort stays where it is.
+        let at_setpoint = MAX * 5 / 4;
+        let (_, p) = run(&mut c, now, 2.0, at_setpoint, samples(5, 50));
+        assert!(
+            (c.output().effort - effort).abs() < 1e-9,
+            "{:?}",
+            c.output()
+        );
+        assert!(p > 0.75, "{p}");
     }
 
     #[tokio::test(start_paused = true)]
     async fn decays_when_samples_stop() {
         let mut c = controller();
-        let slow = LatencyWindow {
-            count: 5,
-            sum_us: 5 * 400_000,
-        };
-        let now = run(&mut c, Instant::now(), 3.0, 10, slow);
-        assert!(c.pressure() > 0.9, "{}", c.pressure());
-        // Everything shed: nothing in flight, no samples.
-        run(&mut c, now, 3.0, 0, LatencyWindow::default());
-        assert!(c.pressure() < 0.5, "{}", c.pressure());
+        let (now, p) = run(&mut c, Instant::now(), 3.0, 2 * MAX, samples(5, 400));
+        assert!(p > 0.95, "{p}");
+        // Everything shed: nothing in flight, no samples. Below 0.5 within 3 s.
+        let (_, p) = run(&mut c, now, 3.0, 0, LatencyWindow::default());
+        assert!(p < 0.5, "{p}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_upstream_at_light_load_is_not_shed() {
+        // After a deploy the upstream takes 3x the target, but only 2 of 8 are in flight.
+        let mut c = controller();
+        let (_, p) = run(&mut c, Instant::now(), 30.0, 2, samples(5, 150));
+        assert!(p <= 0.5, "{p}");
+        assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_with_latency_under_target_is_not_shed() {
+        // max_inflight set low: 24 of 8 in flight, yet answered in 20 ms (target 50).
+        let mut c = controller();
+        let (_, p) = run(&mut c, Instant::now(), 30.0, 3 * MAX, samples(5, 20));
+        assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
+        // Only the proportional part, on the live queue: bounded, no runaway.
+        assert!(p < 0.9, "{p}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -333,18 +542,32 @@ mod tests {
         let mut c = controller();
         // One very slow request per second, nothing else in flight.
         let mut now = Instant::now();
+        let max = NonZeroU32::new(MAX).unwrap();
         for _ in 0..10 {
-            now = run(&mut c, now, 0.95, 0, LatencyWindow::default());
+            (now, _) = run(&mut c, now, 0.95, 0, LatencyWindow::default());
             now += TICK;
-            c.update(
-                now,
-                1,
-                LatencyWindow {
-                    count: 1,
-                    sum_us: 500_000,
-                },
-            );
+            c.update(now, 1, InflightWindow::default(), samples(1, 500));
+            let p = c.output().pressure(1, max);
+            assert!(p <= 0.5, "{p}");
         }
-        assert!(c.pressure() <= 0.5, "{}", c.pressure());
+    }
+
+    proptest::proptest! {
+        /// Pressure is non-decreasing in the in-flight count and has no cliff: one more
+        /// request in flight moves it by at most 1/8 of max_inflight's worth of load index.
+        #[test]
+        fn continuous_and_monotone_in_inflight(
+            base in 0.0f64..=1.0,
+            effort in 0.0f64..=MAX_EFFORT,
+            inflight in 0u32..200,
+        ) {
+            let max = NonZeroU32::new(8).unwrap();
+            let out = Output { base, effort };
+            let (a, b) = (out.pressure(inflight, max), out.pressure(inflight + 1, max));
+            proptest::prop_assert!((0.0..=1.0).contains(&a));
+            proptest::prop_assert!(b >= a);
+            // d p / d x <= ln 2 / 2^x <= ln 2; one request is 1/8 of load index.
+            proptest::prop_assert!(b - a <= std::f64::consts::LN_2 * PROPORTIONAL_GAIN / 8.0 + 1e-12);
+        }
     }
 }

@@ -438,7 +438,7 @@ where
             m.unreadable(stream, Fact::Time);
         }
     }
-    let pressure = shared.pressure.pressure();
+    let pressure = shared.pressure.admission_pressure();
     let now = (shared.sources.clock)();
     let decision = decide(
         policy,
@@ -546,7 +546,11 @@ where
     let m = &snapshot.metrics;
     match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
-            shared.pressure.record_latency(*latency);
+            // An upstream 5xx is often fast (a failing dependency, a 503 of its own) and
+            // says nothing about how long served requests take: not a latency sample.
+            if !response.status().is_server_error() {
+                shared.pressure.record_latency(*latency);
+            }
             m.global().observe_latency(*latency);
             m.request(stream, Outcome::Forwarded);
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use shedgate::pressure::ControllerConfig;
 use shedgate::sim::{
-    Phase, Scenario, Second, ServiceTime, Simulator, geographic_events, run_scenario,
+    Figures, Phase, Scenario, Second, ServiceTime, Simulator, geographic_events, run_scenario,
 };
 
 use shedgate::sim::MIX;
@@ -78,6 +78,18 @@ fn summary(seconds: &[Second], capacity: f64) -> String {
         .collect()
 }
 
+/// The figures of `seconds[window]`, printed (`cargo test scenarios -- --nocapture`).
+fn figures(
+    name: &str,
+    seconds: &[Second],
+    window: std::ops::Range<usize>,
+    capacity: f64,
+) -> Figures {
+    let f = Figures::of(seconds, window.clone(), capacity);
+    eprintln!("{name} [{}..{}s]: {f}", window.start, window.end);
+    f
+}
+
 fn share(n: u64, of: u64) -> f64 {
     if of == 0 { 0.0 } else { n as f64 / of as f64 }
 }
@@ -124,6 +136,8 @@ fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
 async fn steady_below_capacity_sheds_next_to_nothing() {
     let (s, cap) = run(&[(20, 0.8)], vec![], 11).await;
     let text = summary(&s, cap);
+    figures("0.8x", &s, 0..20, cap);
+    eprintln!("{text}");
     assert_invariants(&s, &text);
     let offered: u64 = s
         .iter()
@@ -142,6 +156,8 @@ async fn steady_below_capacity_sheds_next_to_nothing() {
 async fn step_to_3x_keeps_the_upstream_busy_and_recovers() {
     let (s, cap) = run(&[(5, 0.8), (15, 3.0), (5, 0.8)], vec![], 12).await;
     let text = summary(&s, cap);
+    figures("3x", &s, 7..20, cap);
+    eprintln!("3x recovery {}", recovery_seconds(&s, 20));
     assert_invariants(&s, &text);
     // Steady overload (skip the first two seconds of the step).
     let goodput: u64 = s[7..20].iter().map(|s| s.goodput).sum();
@@ -160,6 +176,9 @@ async fn step_to_3x_keeps_the_upstream_busy_and_recovers() {
 async fn step_to_10x_sheds_in_rank_order_and_recovers() {
     let (s, cap) = run(&[(5, 0.8), (15, 10.0), (5, 0.8)], vec![], 13).await;
     let text = summary(&s, cap);
+    figures("10x", &s, 7..20, cap);
+    figures("10x onset", &s, 5..7, cap);
+    eprintln!("10x recovery {}", recovery_seconds(&s, 20));
     assert_invariants(&s, &text);
     let goodput: u64 = s[7..20].iter().map(|s| s.goodput).sum();
     let share_of_capacity = goodput as f64 / (13.0 * cap);
@@ -174,6 +193,8 @@ async fn step_to_10x_sheds_in_rank_order_and_recovers() {
 async fn a_spike_then_recovery() {
     let (s, cap) = run(&[(5, 0.8), (3, 5.0), (10, 0.8)], vec![], 14).await;
     let text = summary(&s, cap);
+    figures("spike", &s, 5..8, cap);
+    eprintln!("spike recovery {}", recovery_seconds(&s, 8));
     assert_invariants(&s, &text);
     assert!(
         s[5..8].iter().any(|s| s.max_pressure > 0.5),
@@ -192,6 +213,7 @@ async fn upstream_at_half_speed_under_constant_load() {
     };
     let (s, cap) = run(&[(20, 0.8)], vec![slow], 15).await;
     let text = summary(&s, cap);
+    figures("half speed", &s, 7..20, cap / 2.0);
     assert_invariants(&s, &text);
     assert!(
         s[6..20].iter().all(|s| s.max_pressure > 0.5),
