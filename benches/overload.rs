@@ -38,7 +38,7 @@ const SERVICE: Duration = Duration::from_millis(20);
 const TARGET: Duration = Duration::from_millis(30);
 const CLIENT_DEADLINE: Duration = Duration::from_secs(1);
 const WARM: u64 = 2;
-const OVERLOAD: u64 = 6;
+const OVERLOAD: u64 = 8;
 const AFTER: u64 = 4;
 
 use shedgate::sim::MIX;
@@ -114,19 +114,17 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
             }
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
-            let t = time::OffsetDateTime::now_utc()
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap();
-            let body = format!(
-                r#"{{"device_id":"d-{}","lat":{:.5},"lon":{:.5},"occurred_at":"{t}"}}"#,
-                rng.u32(..10_000),
+            let body = shedgate::demo::event_body(
+                &mut rng,
+                ev.stream,
                 ev.lat,
-                ev.lon
+                ev.lon,
+                shedgate::admission::UnixMillis::now(),
             );
             let req = Request::post(url)
                 .header("x-stream", ev.stream)
                 .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)))
+                .body(Full::new(body))
                 .unwrap();
             let (client, secs) = (client.clone(), Arc::clone(&secs));
             tasks.push(tokio::spawn(async move {
@@ -226,10 +224,58 @@ struct Row {
     never: f64,
     bands: [f64; 3],
     cv: f64,
+    in_order: String,
     recover: String,
+    calm: String,
 }
 
-fn summarise(name: &'static str, factor: f64, capacity: f64, secs: &[Sec], recover: String) -> Row {
+/// Seconds of the overload in which the shed share is non-decreasing over the rank bands
+/// that had traffic (priority areas lose the smallest share), of all overload seconds.
+/// Seconds out of order are listed below the table as `shed/sent` per band.
+fn in_rank_order(name: &str, factor: f64, secs: &[Sec]) -> String {
+    let window = &secs[WARM as usize..(WARM + OVERLOAD) as usize];
+    let mut ordered = 0;
+    for (i, s) in window.iter().enumerate() {
+        let shares: Vec<f64> = s
+            .by_band
+            .iter()
+            .filter(|(sent, _)| *sent > 0)
+            .map(|(sent, shed)| *shed as f64 / *sent as f64)
+            .collect();
+        if shares.windows(2).all(|w| w[0] <= w[1]) {
+            ordered += 1;
+        } else {
+            let bands: Vec<String> = s
+                .by_band
+                .iter()
+                .map(|(sent, shed)| format!("{shed}/{sent}"))
+                .collect();
+            eprintln!(
+                "{name} {factor}x, overload second {i}: shed per band {}",
+                bands.join(" ")
+            );
+        }
+    }
+    format!("{ordered}/{}", window.len())
+}
+
+/// Time from the end of the overload until pressure is below 0.5 (shedgate only).
+fn calm_after(samples: &[(f64, f64, f64)]) -> String {
+    let end = (WARM + OVERLOAD) as f64;
+    samples
+        .iter()
+        .find(|s| s.0 >= end && s.1 < 0.5)
+        .map_or("n/a".to_owned(), |s| format!("{:.1} s", s.0 - end))
+}
+
+fn summarise(
+    name: &'static str,
+    factor: f64,
+    capacity: f64,
+    secs: &[Sec],
+    recover: String,
+    calm: String,
+) -> Row {
     let window = &secs[(WARM + 2) as usize..(WARM + OVERLOAD) as usize];
     let ok: Vec<f64> = window.iter().map(|s| s.ok as f64).collect();
     let mean = ok.iter().sum::<f64>() / ok.len() as f64;
@@ -260,7 +306,9 @@ fn summarise(name: &'static str, factor: f64, capacity: f64, secs: &[Sec], recov
         never: nev_ok as f64 / (nev_sent as f64).max(1.0),
         bands: [band(0), band(1), band(2)],
         cv,
+        in_order: in_rank_order(name, factor, secs),
         recover,
+        calm,
     }
 }
 
@@ -354,7 +402,7 @@ fn main() {
                 // Pressure and shed share, sampled every 100 ms (shedgate at 10x: the plot).
                 let sampler = running
                     .as_ref()
-                    .filter(|_| factor == 10.0 && contender == "shedgate")
+                    .filter(|_| contender == "shedgate")
                     .map(|r| {
                     let gauge = Arc::clone(&r.parts.pressure);
                     let metrics = Arc::clone(&r.parts.metrics);
@@ -384,9 +432,14 @@ fn main() {
                 });
                 let url = format!("http://{addr}/ingest");
                 let secs = load(&url, capacity, &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)], &evs, 3).await;
-                rows.push(summarise(contender, factor, capacity, &secs, recovery(&secs)));
-                if let Some(s) = sampler {
-                    plot_samples = s.await.unwrap();
+                let samples = match sampler {
+                    Some(s) => s.await.unwrap(),
+                    None => Vec::new(),
+                };
+                let calm = if samples.is_empty() { "n/a".to_owned() } else { calm_after(&samples) };
+                rows.push(summarise(contender, factor, capacity, &secs, recovery(&secs), calm));
+                if factor == 10.0 && contender == "shedgate" {
+                    plot_samples = samples;
                 }
                 if let Some(r) = running {
                     r.shutdown().await;
@@ -403,13 +456,14 @@ fn main() {
             CLIENT_DEADLINE.as_secs(),
             5
         );
-        println!("| contender | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | CV admitted/s | recovered after |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| contender | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | seconds in rank order | CV admitted/s | all delivered after | pressure < 0.5 after |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for r in &rows {
             println!(
-                "| {} | {}x | {:.0}% | {:.1} | {:.1} | {:.1}% | {:.0}% | {:.0}% | {:.0}% | {:.3} | {} |",
+                "| {} | {}x | {:.1}% | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} | {} |",
                 r.name, r.factor, r.goodput * 100.0, r.p50, r.p99, r.never * 100.0,
-                r.bands[0] * 100.0, r.bands[1] * 100.0, r.bands[2] * 100.0, r.cv, r.recover
+                r.bands[0] * 100.0, r.bands[1] * 100.0, r.bands[2] * 100.0, r.in_order, r.cv,
+                r.recover, r.calm
             );
         }
         let out = root.join("docs/overload-shedgate-10x.png");

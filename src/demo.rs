@@ -338,6 +338,38 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
     Ok(report)
 }
 
+/// The JSON body of an event of `stream` at (`lat`, `lon`) degrees, timed `at`, in the shape
+/// `policies/streams.toml` reads for it: `tile.render` under `/tile` with `/requested_at`,
+/// every other stream flat with `/lat`, `/lon` and `/occurred_at`.
+pub fn event_body(
+    rng: &mut fastrand::Rng,
+    stream: &str,
+    lat: f64,
+    lon: f64,
+    at: UnixMillis,
+) -> Bytes {
+    let time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at.0) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default();
+    let body = if stream == "tile.render" {
+        format!(
+            r#"{{"tile":{{"lat":{lat:.5},"lon":{lon:.5},"z":14}},"requested_at":"{time}","layer":"roads"}}"#
+        )
+    } else {
+        format!(
+            r#"{{"device_id":"dev-{:05}","lat":{lat:.5},"lon":{lon:.5},"occurred_at":"{time}","speed_kmh":{:.1},"heading":{}}}"#,
+            rng.u32(..100_000),
+            rng.f64() * 90.0,
+            rng.u32(..360)
+        )
+    };
+    Bytes::from(body)
+}
+
 struct Event {
     stream: &'static str,
     /// Area label for the report (sheddable streams only).
@@ -357,25 +389,7 @@ fn make_event(rng: &mut fastrand::Rng, geography: &Geography, policy: &Policy) -
     let stale = sheddable && rng.f64() < STALE_SHARE;
     let now = UnixMillis::now().0;
     let at = if stale { now - 600_000 } else { now - 500 };
-    let time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at) * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default();
-    let body = if stream == "tile.render" {
-        format!(
-            r#"{{"tile":{{"lat":{lat:.5},"lon":{lon:.5},"z":14}},"requested_at":"{time}","layer":"roads"}}"#
-        )
-    } else {
-        format!(
-            r#"{{"device_id":"dev-{:05}","lat":{lat:.5},"lon":{lon:.5},"occurred_at":"{time}","speed_kmh":{:.1},"heading":{}}}"#,
-            rng.u32(..100_000),
-            rng.f64() * 90.0,
-            rng.u32(..360)
-        )
-    };
+    let body = event_body(rng, stream, lat, lon, UnixMillis(at));
     let area = sheddable.then(|| {
         if stale {
             return "(stale events)".to_owned();
@@ -386,11 +400,7 @@ fn make_event(rng: &mut fastrand::Rng, geography: &Geography, policy: &Policy) -
             (None, rank) => format!("cities, unconfigured (rank {rank})"),
         }
     });
-    Event {
-        stream,
-        area,
-        body: Bytes::from(body),
-    }
+    Event { stream, area, body }
 }
 
 async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Event) -> Result_ {

@@ -82,6 +82,12 @@ pub const PROPORTIONAL_GAIN: f64 = 1.0;
 pub const REST_MARGIN: f64 = 0.75;
 /// Shedding effort at and above which the proportional part's reference is [`SETPOINT`].
 pub const ENGAGED_EFFORT: f64 = 0.5;
+/// Largest load index the proportional part adds. It answers a queue's noise and the first
+/// milliseconds of a step; the integral carries the rest. Uncapped, a momentary queue (a
+/// CPU hiccup on the proxy's host) pushed pressure from the 0.75 that 10x overload needs to
+/// 0.95, shedding priority areas for a moment; capped at 1, a burst moves `x` by at most 1
+/// (0.75 to 0.875: ranks above 12 at most).
+pub const PROPORTIONAL_MAX: f64 = 1.0;
 /// Integral gain, per second: the shedding effort moves by this much per second per unit of
 /// error (utilisation over the setpoint, or latency ratio over 1, whichever is smaller).
 pub const INTEGRAL_GAIN: f64 = 4.0;
@@ -129,7 +135,8 @@ impl Output {
     ///
     /// ```text
     /// reference = SETPOINT + REST_MARGIN * max(0, 1 - effort / ENGAGED_EFFORT)
-    /// x = base + max(0, effort + PROPORTIONAL_GAIN * (inflight / max_inflight - reference))
+    /// proportional = min(PROPORTIONAL_MAX, PROPORTIONAL_GAIN * (inflight / max_inflight - reference))
+    /// x = base + max(0, effort + proportional)
     /// p = 1 - 2^(-x)
     /// ```
     ///
@@ -138,7 +145,8 @@ impl Output {
     pub fn pressure(&self, inflight: u32, max_inflight: NonZeroU32) -> f64 {
         let u = f64::from(inflight) / f64::from(max_inflight.get());
         let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);
-        let x = self.base + (self.effort + PROPORTIONAL_GAIN * (u - reference)).max(0.0);
+        let proportional = (PROPORTIONAL_GAIN * (u - reference)).min(PROPORTIONAL_MAX);
+        let x = self.base + (self.effort + proportional).max(0.0);
         1.0 - (-x).exp2()
     }
 }
