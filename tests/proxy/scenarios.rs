@@ -94,16 +94,27 @@ fn share(n: u64, of: u64) -> f64 {
     if of == 0 { 0.0 } else { n as f64 / of as f64 }
 }
 
-/// Never-shed events are all delivered, and in every second priority areas lose no larger a
-/// share than default ones (rank bands in order).
+/// Never-shed events are all admitted (and all delivered, unless the upstream itself
+/// failed some), and in every second priority areas lose no larger a share than default
+/// ones (rank bands in order).
 fn assert_invariants(seconds: &[Second], text: &str) {
+    for (i, s) in seconds.iter().enumerate() {
+        let shed: u64 = s.shed_by_band.iter().sum();
+        assert_eq!(
+            s.offered - s.admitted,
+            shed,
+            "second {i}: a never-shed event was shed\n{text}"
+        );
+    }
     let (never_offered, never_delivered) = seconds.iter().fold((0, 0), |(o, d), s| {
         (o + s.never_offered, d + s.never_delivered)
     });
-    assert_eq!(
-        never_delivered, never_offered,
-        "never-shed delivery\n{text}"
-    );
+    if seconds.iter().all(|s| s.failed == 0) {
+        assert_eq!(
+            never_delivered, never_offered,
+            "never-shed delivery\n{text}"
+        );
+    }
     for (i, s) in seconds.iter().enumerate() {
         let shares: Vec<f64> = (0..4)
             .map(|b| share(s.shed_by_band[b], s.offered_by_band[b]))
@@ -113,11 +124,11 @@ fn assert_invariants(seconds: &[Second], text: &str) {
             .filter(|b| s.offered_by_band[*b] > 0)
             .map(|b| shares[b])
             .collect();
-        // Within an instant the shed probability is monotone in rank; over a second whose
-        // pressure moved, and with few priority events, sampling noise remains: 0.1 slack.
+        // Within an instant the shed probability is monotone in rank, and the loop holds
+        // pressure steady enough that it is monotone over every second too: no slack.
         for w in present.windows(2) {
             assert!(
-                w[0] <= w[1] + 0.1,
+                w[0] <= w[1],
                 "second {i}: shed share by band {shares:?}\n{text}"
             );
         }
@@ -132,43 +143,38 @@ fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-#[tokio::test(start_paused = true)]
-async fn steady_below_capacity_sheds_next_to_nothing() {
-    let (s, cap) = run(&[(20, 0.8)], vec![], 11).await;
-    let text = summary(&s, cap);
-    figures("0.8x", &s, 0..20, cap);
-    eprintln!("{text}");
-    assert_invariants(&s, &text);
-    let offered: u64 = s
-        .iter()
-        .map(|s| s.offered_by_band.iter().sum::<u64>())
-        .sum();
-    let shed: u64 = s.iter().map(|s| s.shed_by_band.iter().sum::<u64>()).sum();
-    // Accepted range: under 5%. Random arrivals at 80% of capacity queue now and then, and
-    // the controller reads that as full use (the target is none: issue 4 is open on it).
-    assert!(
-        share(shed, offered) < 0.05,
-        "{shed} of {offered} shed\n{text}"
-    );
+/// The issue's targets for steady overload, as accepted ranges: goodput at least 95% of
+/// capacity, p99 of admitted requests at most twice the latency target, coefficient of
+/// variation of the admitted rate at most 10%. Latencies here are simulated time (paused
+/// clock), not wall-clock.
+fn assert_steady_overload(f: &Figures, text: &str) {
+    assert!(f.goodput >= 0.95, "goodput: {f}\n{text}");
+    assert!(f.p99_ms <= 2.0 * TARGET_MS as f64, "p99: {f}\n{text}");
+    assert!(f.cv <= 0.10, "cv: {f}\n{text}");
 }
 
 #[tokio::test(start_paused = true)]
-async fn step_to_3x_keeps_the_upstream_busy_and_recovers() {
+async fn steady_below_capacity_sheds_nothing() {
+    let (s, cap) = run(&[(20, 0.8)], vec![], 11).await;
+    let text = summary(&s, cap);
+    let f = figures("0.8x", &s, 0..20, cap);
+    assert_invariants(&s, &text);
+    // Accepted range: under 1% (0.2% seen). Random arrivals at 80% of capacity queue a few
+    // requests now and then; only a standing queue is overload.
+    assert!(f.shed < 0.01, "{f}\n{text}");
+    assert!(f.goodput > 0.75, "{f}\n{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn step_to_3x_keeps_the_upstream_full_and_recovers() {
     let (s, cap) = run(&[(5, 0.8), (15, 3.0), (5, 0.8)], vec![], 12).await;
     let text = summary(&s, cap);
-    figures("3x", &s, 7..20, cap);
-    eprintln!("3x recovery {}", recovery_seconds(&s, 20));
     assert_invariants(&s, &text);
-    // Steady overload (skip the first two seconds of the step).
-    let goodput: u64 = s[7..20].iter().map(|s| s.goodput).sum();
-    let share_of_capacity = goodput as f64 / (13.0 * cap);
-    assert!(
-        share_of_capacity > 0.70,
-        "goodput {share_of_capacity:.2} of capacity\n{text}"
-    );
-    // Priority areas (rank <= 10) are not shed at 3x.
-    let priority: u64 = s[5..20].iter().map(|s| s.shed_by_band[0]).sum();
-    assert_eq!(priority, 0, "{text}");
+    // Steady overload: from two seconds after the step to its end.
+    assert_steady_overload(&figures("3x", &s, 7..20, cap), &text);
+    // Priority areas (rank <= 10) are not shed at 3x, onset included.
+    let f = figures("3x with onset", &s, 5..20, cap);
+    assert!(f.shed_by_band[0] < f64::EPSILON, "{f}\n{text}");
     assert!(recovery_seconds(&s, 20) <= 3, "{text}");
 }
 
@@ -176,16 +182,13 @@ async fn step_to_3x_keeps_the_upstream_busy_and_recovers() {
 async fn step_to_10x_sheds_in_rank_order_and_recovers() {
     let (s, cap) = run(&[(5, 0.8), (15, 10.0), (5, 0.8)], vec![], 13).await;
     let text = summary(&s, cap);
-    figures("10x", &s, 7..20, cap);
-    figures("10x onset", &s, 5..7, cap);
-    eprintln!("10x recovery {}", recovery_seconds(&s, 20));
     assert_invariants(&s, &text);
-    let goodput: u64 = s[7..20].iter().map(|s| s.goodput).sum();
-    let share_of_capacity = goodput as f64 / (13.0 * cap);
-    assert!(
-        share_of_capacity > 0.60,
-        "goodput {share_of_capacity:.2} of capacity\n{text}"
-    );
+    let f = figures("10x", &s, 7..20, cap);
+    assert_steady_overload(&f, &text);
+    // 95% of sheddable traffic must go: the default ranks almost all, priority areas
+    // (under 2% of the traffic) next to none.
+    assert!(f.shed_by_band[0] < 0.01, "{f}\n{text}");
+    assert!(f.shed_by_band[2] > 0.9, "{f}\n{text}");
     assert!(recovery_seconds(&s, 20) <= 3, "{text}");
 }
 
@@ -194,18 +197,21 @@ async fn a_spike_then_recovery() {
     let (s, cap) = run(&[(5, 0.8), (3, 5.0), (10, 0.8)], vec![], 14).await;
     let text = summary(&s, cap);
     figures("spike", &s, 5..8, cap);
-    eprintln!("spike recovery {}", recovery_seconds(&s, 8));
     assert_invariants(&s, &text);
     assert!(
         s[5..8].iter().any(|s| s.max_pressure > 0.5),
         "the spike raised pressure\n{text}"
     );
     assert!(recovery_seconds(&s, 8) <= 3, "{text}");
+    // Back at 0.8x, shedding stops: nothing shed from three seconds after the spike.
+    let after = figures("after the spike", &s, 11..18, cap);
+    assert!(after.shed < f64::EPSILON, "{after}\n{text}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn upstream_at_half_speed_under_constant_load() {
-    // 0.8x of the original capacity is 1.6x of the slowed one.
+    // 0.8x of the original capacity is 1.6x of the slowed one; the slowed service time
+    // (40 ms mean) is over the 30 ms target, so latency alone would shed everything.
     let slow = Phase {
         from: Duration::from_secs(5),
         slowdown: 2.0,
@@ -213,13 +219,80 @@ async fn upstream_at_half_speed_under_constant_load() {
     };
     let (s, cap) = run(&[(20, 0.8)], vec![slow], 15).await;
     let text = summary(&s, cap);
-    figures("half speed", &s, 7..20, cap / 2.0);
     assert_invariants(&s, &text);
     assert!(
         s[6..20].iter().all(|s| s.max_pressure > 0.5),
         "the slowdown is seen\n{text}"
     );
+    // The slowed upstream is kept full: goodput of its new capacity.
+    let f = figures("half speed", &s, 7..20, cap / 2.0);
+    assert!(f.goodput >= 0.95, "{f}\n{text}");
     // Nothing fails: what is admitted completes (no time-outs, no runaway queue).
     let failed: u64 = s.iter().map(|s| s.failed).sum();
     assert_eq!(failed, 0, "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slower_deploy_at_light_load_sheds_nothing() {
+    // From 5 s on the upstream takes 3x as long (60 ms mean, twice the target), but the
+    // load is a quarter of its old capacity: 75% of the new one. No standing queue, so no
+    // shedding, however far latency is over the target.
+    let deploy = Phase {
+        from: Duration::from_secs(5),
+        slowdown: 3.0,
+        fail_rate: 0.0,
+    };
+    let (s, cap) = run(&[(20, 0.25)], vec![deploy], 16).await;
+    let text = summary(&s, cap);
+    let f = figures("slow deploy, light load", &s, 5..20, cap);
+    assert_invariants(&s, &text);
+    assert!(f.shed < 0.01, "{f}\n{text}");
+    assert!(
+        f.p50_ms > 2.0 * TARGET_MS as f64 * 0.75,
+        "the deploy is slow: {f}\n{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slowdown_that_ends_stops_the_shedding() {
+    // The upstream slows to half speed for five seconds under 0.8x load (1.6x of the slowed
+    // capacity), then is itself again: nothing learned during the slowdown keeps shedding.
+    let phases = vec![
+        Phase {
+            from: Duration::from_secs(5),
+            slowdown: 2.0,
+            fail_rate: 0.0,
+        },
+        Phase {
+            from: Duration::from_secs(10),
+            slowdown: 1.0,
+            fail_rate: 0.0,
+        },
+    ];
+    let (s, cap) = run(&[(20, 0.8)], phases, 17).await;
+    let text = summary(&s, cap);
+    assert_invariants(&s, &text);
+    let during = figures("slowdown", &s, 6..10, cap);
+    assert!(during.shed > 0.2, "{during}\n{text}");
+    assert!(recovery_seconds(&s, 10) <= 3, "{text}");
+    let after = figures("after the slowdown", &s, 13..20, cap);
+    assert!(after.shed < 0.01, "{after}\n{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_failing_fast_is_not_read_as_fast() {
+    // From 5 s, 60% of requests fail at once (500s) under 1.5x load. The failures are not
+    // latency samples: the requests that are served still queue, and pressure still sees the
+    // overload of the workers.
+    let failing = Phase {
+        from: Duration::from_secs(5),
+        slowdown: 1.0,
+        fail_rate: 0.6,
+    };
+    let (s, cap) = run(&[(5, 0.8), (10, 3.0)], vec![failing], 18).await;
+    let text = summary(&s, cap);
+    assert_invariants(&s, &text);
+    // 3x offered, 40% reaching the workers: 1.2x of capacity, so some shedding.
+    let f = figures("failing fast", &s, 7..15, cap);
+    assert!(f.shed > 0.05, "{f}\n{text}");
 }
