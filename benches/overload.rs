@@ -3,9 +3,10 @@
 //! plain forward (shedgate's proxy path with admission off: every stream unclassified), and
 //! (c) a binary shedder (tower's `ConcurrencyLimit` + `LoadShed` at the upstream's capacity).
 //!
-//! Run: `cargo bench --bench overload` (about two minutes). Prints one table; writes
+//! Run: `cargo bench --bench overload` (about three minutes). Prints one table; writes
 //! `docs/overload-shedgate-10x.png` (pressure, blue, and shed share, red, per 100 ms of the
-//! 10x run; x: time, y: 0..1).
+//! 10x run; x: time, a grey line per second, the overload shaded; y: 0..1, a line per 0.1,
+//! black at 0.5).
 
 #![allow(
     missing_docs,
@@ -330,6 +331,19 @@ fn plot(samples: &[(f64, f64, f64)], path: &Path) {
         .margin(20)
         .build_cartesian_2d(0.0..t_max, 0.0..1.05)
         .unwrap();
+    // The overload phase, shaded; a light vertical line every second.
+    chart
+        .draw_series(std::iter::once(Rectangle::new(
+            [(WARM as f64, 0.0), ((WARM + OVERLOAD) as f64, 1.05)],
+            RGBColor(255, 245, 215).filled(),
+        )))
+        .unwrap();
+    for t in 0..=t_max as u32 {
+        let t = f64::from(t);
+        chart
+            .draw_series(LineSeries::new([(t, 0.0), (t, 1.05)], RGBColor(235, 235, 235)))
+            .unwrap();
+    }
     for i in 0..=10 {
         let y = f64::from(i) / 10.0;
         chart

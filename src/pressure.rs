@@ -68,7 +68,10 @@ pub const FULL_CONFIDENCE_RATE: f64 = 20.0;
 /// In-flight the loop holds in steady overload, as a multiple of `max_inflight`: a standing
 /// queue of a quarter of the upstream's concurrency, so that a worker that finishes always
 /// finds the next request waiting (full use) while the wait stays a fraction of a service
-/// time (latency near the target). Also the level above which the proportional part acts.
+/// time (latency near the target). CoDel (RFC 8289 section 4.2) keeps a small standing
+/// queue rather than none for the same reason; it counts it in delay, this counts it in
+/// requests, because in-flight is exact at the proxy while delay is known only a service
+/// time later. Also the reference of the proportional part once the loop is engaged.
 pub const SETPOINT: f64 = 1.25;
 /// Proportional gain: load index per unit of utilisation above the proportional part's
 /// reference, applied to the in-flight count at each decision.
