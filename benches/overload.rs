@@ -260,12 +260,14 @@ fn in_rank_order(name: &str, factor: f64, secs: &[Sec]) -> String {
     format!("{ordered}/{}", window.len())
 }
 
-/// Time from the end of the overload until pressure is below 0.5 (shedgate only).
+/// Time from the end of the overload until pressure is below 0.5 for good: the first
+/// 100 ms sample after which every sample is below 0.5 (shedgate only).
 fn calm_after(samples: &[(f64, f64, f64)]) -> String {
     let end = (WARM + OVERLOAD) as f64;
-    samples
-        .iter()
-        .find(|s| s.0 >= end && s.1 < 0.5)
+    let after: Vec<_> = samples.iter().filter(|s| s.0 >= end).collect();
+    let from = after.iter().rposition(|s| s.1 >= 0.5).map_or(0, |i| i + 1);
+    after
+        .get(from)
         .map_or("n/a".to_owned(), |s| format!("{:.1} s", s.0 - end))
 }
 
@@ -341,7 +343,10 @@ fn plot(samples: &[(f64, f64, f64)], path: &Path) {
     for t in 0..=t_max as u32 {
         let t = f64::from(t);
         chart
-            .draw_series(LineSeries::new([(t, 0.0), (t, 1.05)], RGBColor(235, 235, 235)))
+            .draw_series(LineSeries::new(
+                [(t, 0.0), (t, 1.05)],
+                RGBColor(235, 235, 235),
+            ))
             .unwrap();
     }
     for i in 0..=10 {

@@ -37,6 +37,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -61,9 +62,13 @@ pub const LATENCY_TAU: Duration = Duration::from_millis(150);
 /// controller from freezing: when everything sheddable is shed and the upstream idles, no
 /// sample replaces the last high one (FIELD-NOTES "Pressure controllers").
 pub const LATENCY_DECAY_TAU: Duration = Duration::from_secs(1);
-/// Sample rate (per second) at and above which the latency signal gets full weight. Below
-/// it the weight falls linearly: a handful of slow requests is noise, not overload
-/// (PRODUCT.md "Pressure": "at very low request volume the estimate is noise").
+/// Sample rate (per second) at and above which the latency signal gets full weight, or half
+/// the upstream's nominal throughput (`max_inflight / latency_target / 2`) if that is lower,
+/// so that a small upstream can reach full weight at all. Below it the weight falls
+/// linearly: a handful of slow requests is noise, not overload (PRODUCT.md "Pressure": "at
+/// very low request volume the estimate is noise"). A standing queue is evidence too: the
+/// weight is at least `mean in-flight / max_inflight - 1`, so an upstream that stops
+/// answering (no samples at all) with requests piling up is believed.
 pub const FULL_CONFIDENCE_RATE: f64 = 20.0;
 /// In-flight the loop holds in steady overload, as a multiple of `max_inflight`: a standing
 /// queue of a quarter of the upstream's concurrency, so that a worker that finishes always
@@ -94,15 +99,28 @@ pub const PROPORTIONAL_MAX: f64 = 1.0;
 /// Integral gain, per second: the shedding effort moves by this much per second per unit of
 /// error (utilisation over the setpoint, or latency ratio over 1, whichever is smaller).
 pub const INTEGRAL_GAIN: f64 = 4.0;
-/// Largest shedding effort: `p = 1 - 2^-(1 + 6) ≈ 0.992`, where every rank but the first is
-/// shed. Anti-windup: an overload that shedding cannot fix (never-shed traffic alone over
-/// capacity) does not build an effort that would take seconds to unwind.
+/// Largest shedding effort: `p = 1 - 2^-(1 + 6) ≈ 0.992`, where every rank above 1 is shed
+/// and rank 1 in part (with the default band). Anti-windup: an overload that shedding cannot
+/// fix (never-shed traffic alone over capacity) does not build an effort that would take
+/// seconds to unwind.
 pub const MAX_EFFORT: f64 = 6.0;
-/// The error fed to the integral is clamped to `±ERROR_CLAMP`, so one tick of a huge queue
-/// (a 10x step) moves the effort by at most `INTEGRAL_GAIN * ERROR_CLAMP * TICK` = 0.4.
+/// The error fed to the integral is clamped to `±ERROR_CLAMP`, and the time step to
+/// `2 * TICK` (a stalled ticker is not a long overload), so one tick of a huge queue (a 10x
+/// step) moves the effort by at most `INTEGRAL_GAIN * ERROR_CLAMP * 2 * TICK` = 0.8.
 pub const ERROR_CLAMP: f64 = 2.0;
 /// How often [`PressureGauge::tick`] should run.
 pub const TICK: Duration = Duration::from_millis(50);
+
+/// Bits of a packed latency window's sum (microseconds; the count is in the bits above):
+/// 2^44 µs is 203 days of summed latency per tick, 2^20 samples per tick 20 million per
+/// second. One `AtomicU64` holds both, so a tick never reads a count without its sum.
+const LATENCY_SUM_BITS: u32 = 44;
+/// Bits of a packed in-flight window's sum (the count is in the 24 bits above).
+const OBSERVED_SUM_BITS: u32 = 40;
+
+fn unpack(word: u64, sum_bits: u32) -> (u64, u64) {
+    (word >> sum_bits, word & ((1 << sum_bits) - 1))
+}
 
 /// Latency samples gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -143,8 +161,9 @@ impl Output {
     /// p = 1 - 2^(-x)
     /// ```
     ///
-    /// `x = 1` gives `p = 0.5`, `x = 2` 0.75, `x = 3` 0.875; continuous everywhere and
-    /// non-decreasing in `inflight`.
+    /// `x = 1` gives `p = 0.5`, `x = 2` 0.75, `x = 3` 0.875. Continuous in every state
+    /// variable and non-decreasing in `inflight`; in-flight is a whole number, so one more
+    /// request moves `x` by at most `PROPORTIONAL_GAIN / max_inflight`.
     pub fn pressure(&self, inflight: u32, max_inflight: NonZeroU32) -> f64 {
         let u = f64::from(inflight) / f64::from(max_inflight.get());
         let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);
@@ -157,20 +176,26 @@ impl Output {
 /// The pure controller.
 ///
 /// State: `u`, smoothed utilisation; `l`, smoothed latency ratio; `rate`, smoothed latency
-/// sample rate; `b`, the shedding effort. On each update at time `now`, `dt` seconds after
-/// the previous one, with `a(τ) = 1 - exp(-dt/τ)`, `ū` the window's mean in-flight over
-/// `max_inflight`:
+/// sample rate; `b`, the shedding effort; the time of the last latency sample. On each
+/// update at time `now`, `dt` seconds after the previous one, with `a(τ) = 1 - exp(-dt/τ)`,
+/// `ū` the window's mean in-flight over `max_inflight`, `T` the latency target:
 ///
 /// ```text
 /// u    += a(UTILISATION_TAU) * (ū - u)
-/// l    += a(LATENCY_TAU) * (mean_latency / latency_target - l)    if samples arrived
-/// l    *= exp(-dt / LATENCY_DECAY_TAU)                            otherwise
+/// l    += a(LATENCY_TAU) * (mean_latency / T - l)       if samples arrived
+/// l     = max(l, silence / T)                           if none, and ū > SETPOINT
+/// l    *= exp(-dt / LATENCY_DECAY_TAU)                  if none, otherwise
 /// rate += a(LATENCY_TAU) * (count / dt - rate)
-/// lc    = l * min(1, rate / FULL_CONFIDENCE_RATE)                  confidence-weighted
+/// full  = min(FULL_CONFIDENCE_RATE, max_inflight / T / 2)
+/// lc    = l * min(1, max(rate / full, ū - 1))            confidence-weighted
 /// e     = clamp(min(ū - SETPOINT, lc - 1), -ERROR_CLAMP, ERROR_CLAMP)
-/// b     = clamp(b + INTEGRAL_GAIN * e * dt, 0, MAX_EFFORT)
+/// b     = clamp(b + INTEGRAL_GAIN * e * min(dt, 2 * TICK), 0, MAX_EFFORT)
 /// base  = min(1, max(u, lc))
 /// ```
+///
+/// `silence` is the time since the last latency sample: with a standing queue and no
+/// answers, the upstream has hung, and its latency is at least that long. Without a queue,
+/// silence is just no traffic, and the estimate decays.
 ///
 /// The error is the smaller of the two because shedding is only the answer when both agree:
 /// a standing queue with latency under target means `max_inflight` is set low and the
@@ -187,6 +212,7 @@ pub struct Controller {
     mean_inflight: f64,
     output: Output,
     last: Option<Instant>,
+    last_sample: Option<Instant>,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -223,6 +249,7 @@ impl Controller {
             mean_inflight: 0.0,
             output: Output::default(),
             last: None,
+            last_sample: None,
         }
     }
 
@@ -253,21 +280,31 @@ impl Controller {
         };
         self.mean_inflight = mean / max;
         self.u += alpha(UTILISATION_TAU) * (self.mean_inflight - self.u);
+        let target = self.config.latency_target.as_secs_f64().max(1e-6);
+        let last_sample = *self.last_sample.get_or_insert(now);
         if latency.count > 0 {
+            self.last_sample = Some(now);
             let mean = latency.sum_us as f64 / latency.count as f64 / 1e6;
-            let ratio = mean / self.config.latency_target.as_secs_f64();
-            self.l += alpha(LATENCY_TAU) * (ratio - self.l);
+            self.l += alpha(LATENCY_TAU) * (mean / target - self.l);
+        } else if self.mean_inflight > SETPOINT {
+            let silence = now.saturating_duration_since(last_sample).as_secs_f64();
+            self.l = self.l.max(silence / target);
         } else {
             self.l *= (-dt / LATENCY_DECAY_TAU.as_secs_f64()).exp();
         }
         self.rate += alpha(LATENCY_TAU) * (latency.count as f64 / dt - self.rate);
-        let lc = self.l * (self.rate / FULL_CONFIDENCE_RATE).min(1.0);
+        let full_rate = FULL_CONFIDENCE_RATE.min(max / target / 2.0);
+        let confidence = (self.rate / full_rate)
+            .max(self.mean_inflight - 1.0)
+            .min(1.0);
+        let lc = self.l * confidence;
         let error = (self.mean_inflight - SETPOINT)
             .min(lc - 1.0)
             .clamp(-ERROR_CLAMP, ERROR_CLAMP);
+        let step = dt.min(2.0 * TICK.as_secs_f64());
         self.output = Output {
             base: self.u.max(lc).clamp(0.0, 1.0),
-            effort: (self.output.effort + INTEGRAL_GAIN * error * dt).clamp(0.0, MAX_EFFORT),
+            effort: (self.output.effort + INTEGRAL_GAIN * error * step).clamp(0.0, MAX_EFFORT),
         };
         self.output
     }
@@ -302,12 +339,11 @@ pub struct PressureGauge {
     controller: Mutex<Controller>,
     max_inflight: NonZeroU32,
     inflight: AtomicU32,
-    sum_us: AtomicU64,
-    count: AtomicU64,
-    observed_sum: AtomicU64,
-    observed_count: AtomicU64,
-    base: AtomicU64,
-    effort: AtomicU64,
+    /// Packed [`LatencyWindow`] (see [`LATENCY_SUM_BITS`]).
+    latency: AtomicU64,
+    /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]).
+    observed: AtomicU64,
+    output: ArcSwap<Output>,
     pinned: AtomicU64,
 }
 
@@ -331,22 +367,15 @@ impl PressureGauge {
             controller: Mutex::new(Controller::new(config)),
             max_inflight: config.max_inflight,
             inflight: AtomicU32::new(0),
-            sum_us: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-            observed_sum: AtomicU64::new(0),
-            observed_count: AtomicU64::new(0),
-            base: AtomicU64::new(0f64.to_bits()),
-            effort: AtomicU64::new(0f64.to_bits()),
+            latency: AtomicU64::new(0),
+            observed: AtomicU64::new(0),
+            output: ArcSwap::from_pointee(Output::default()),
             pinned: AtomicU64::new(UNPINNED),
         }
     }
 
     fn computed(&self, inflight: u32) -> f64 {
-        Output {
-            base: f64::from_bits(self.base.load(Ordering::Relaxed)),
-            effort: f64::from_bits(self.effort.load(Ordering::Relaxed)),
-        }
-        .pressure(inflight, self.max_inflight)
+        self.output.load().pressure(inflight, self.max_inflight)
     }
 
     fn pin_value(&self) -> Option<Pressure> {
@@ -365,9 +394,9 @@ impl PressureGauge {
     /// records the in-flight count this arrival saw, for the next tick's mean.
     pub fn admission_pressure(&self) -> Pressure {
         let inflight = self.inflight();
-        self.observed_sum
-            .fetch_add(u64::from(inflight), Ordering::Relaxed);
-        self.observed_count.fetch_add(1, Ordering::Relaxed);
+        let sum = u64::from(inflight).min((1 << OBSERVED_SUM_BITS) - 1);
+        self.observed
+            .fetch_add((1 << OBSERVED_SUM_BITS) | sum, Ordering::Relaxed);
         self.pin_value()
             .unwrap_or_else(|| Pressure::saturating(self.computed(inflight)))
     }
@@ -399,27 +428,25 @@ impl PressureGauge {
     /// Records an upstream latency sample (a response the upstream itself gave, not a 5xx;
     /// or a timeout, as a sample as slow as the timeout).
     pub fn record_latency(&self, latency: Duration) {
-        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
+        // One sample is capped at 2^40 µs (12.7 days), far above any timeout.
+        let us = u64::try_from(latency.as_micros())
+            .unwrap_or(u64::MAX)
+            .min((1 << 40) - 1);
+        self.latency
+            .fetch_add((1 << LATENCY_SUM_BITS) | us, Ordering::Relaxed);
     }
 
     /// Updates the controller with what was observed since the last tick; returns the
     /// pressure at the current in-flight count.
     pub fn tick(&self, now: Instant) -> f64 {
-        let latency = LatencyWindow {
-            count: self.count.swap(0, Ordering::Relaxed),
-            sum_us: self.sum_us.swap(0, Ordering::Relaxed),
-        };
-        let observed = InflightWindow {
-            count: self.observed_count.swap(0, Ordering::Relaxed),
-            sum: self.observed_sum.swap(0, Ordering::Relaxed),
-        };
+        let (count, sum_us) = unpack(self.latency.swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
+        let (seen, sum) = unpack(self.observed.swap(0, Ordering::Relaxed), OBSERVED_SUM_BITS);
+        let latency = LatencyWindow { count, sum_us };
+        let observed = InflightWindow { count: seen, sum };
         let inflight = self.inflight();
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
         let out = c.update(now, inflight, observed, latency);
-        self.base.store(out.base.to_bits(), Ordering::Relaxed);
-        self.effort.store(out.effort.to_bits(), Ordering::Relaxed);
+        self.output.store(std::sync::Arc::new(out));
         out.pressure(inflight, self.max_inflight)
     }
 
@@ -510,13 +537,17 @@ mod tests {
         assert!(effort > 2.0, "{effort}");
         // Held at the setpoint with latency at target: the effort stays where it is.
         let at_setpoint = MAX * 5 / 4;
-        let (_, p) = run(&mut c, now, 2.0, at_setpoint, samples(5, 50));
+        let (now, p) = run(&mut c, now, 2.0, at_setpoint, samples(5, 50));
         assert!(
             (c.output().effort - effort).abs() < 1e-9,
             "{:?}",
             c.output()
         );
         assert!(p > 0.75, "{p}");
+        // The queue goes (half full, answered at half the target): so does the effort.
+        let (_, p) = run(&mut c, now, 2.0, MAX / 2, samples(5, 25));
+        assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
+        assert!(p < 0.5, "{p}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -539,13 +570,48 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_queue_with_latency_under_target_is_not_shed() {
+    async fn a_queue_with_latency_under_target_builds_no_effort() {
         // max_inflight set low: 24 of 8 in flight, yet answered in 20 ms (target 50).
         let mut c = controller();
         let (_, p) = run(&mut c, Instant::now(), 30.0, 3 * MAX, samples(5, 20));
         assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
-        // Only the proportional part, on the live queue: bounded, no runaway.
-        assert!(p < 0.9, "{p}");
+        // Only the proportional part, on a queue three times max_inflight: capped.
+        let cap = 1.0 - (-(1.0 + PROPORTIONAL_MAX)).exp2();
+        assert!(p <= cap + 1e-12, "{p}");
+        // Two times max_inflight is the proportional part's floor at rest: nothing shed.
+        let max = NonZeroU32::new(MAX).unwrap();
+        assert!(c.output().pressure(2 * MAX, max) <= 0.5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_that_stops_answering_is_overload() {
+        // Answered at the target, then nothing: no samples while requests pile up.
+        let mut c = controller();
+        let (now, _) = run(&mut c, Instant::now(), 2.0, MAX, samples(5, 50));
+        let (_, p) = run(&mut c, now, 3.0, 3 * MAX, LatencyWindow::default());
+        assert!(p > 0.95, "{p} {:?}", c.state(3 * MAX));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_ticker_is_not_a_long_overload() {
+        let mut c = controller();
+        let (now, _) = run(&mut c, Instant::now(), 1.0, MAX, samples(5, 50));
+        let before = c.output().effort;
+        // The next tick comes 5 s late, with a deep queue answered slowly.
+        c.update(
+            now + Duration::from_secs(5),
+            4 * MAX,
+            InflightWindow {
+                count: 1,
+                sum: u64::from(4 * MAX),
+            },
+            samples(5, 500),
+        );
+        let moved = c.output().effort - before;
+        assert!(
+            moved <= INTEGRAL_GAIN * ERROR_CLAMP * 2.0 * TICK.as_secs_f64() + 1e-9,
+            "{moved}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -565,20 +631,29 @@ mod tests {
 
     proptest::proptest! {
         /// Pressure is non-decreasing in the in-flight count and has no cliff: one more
-        /// request in flight moves it by at most 1/8 of max_inflight's worth of load index.
+        /// request in flight moves the load index by at most PROPORTIONAL_GAIN / max_inflight.
         #[test]
         fn continuous_and_monotone_in_inflight(
             base in 0.0f64..=1.0,
             effort in 0.0f64..=MAX_EFFORT,
-            inflight in 0u32..200,
+            max in 1u32..64,
+            inflight in 0u32..400,
         ) {
-            let max = NonZeroU32::new(8).unwrap();
+            let max = NonZeroU32::new(max).unwrap();
             let out = Output { base, effort };
             let (a, b) = (out.pressure(inflight, max), out.pressure(inflight + 1, max));
             proptest::prop_assert!((0.0..=1.0).contains(&a));
             proptest::prop_assert!(b >= a);
-            // d p / d x <= ln 2 / 2^x <= ln 2; one request is 1/8 of load index.
-            proptest::prop_assert!(b - a <= std::f64::consts::LN_2 * PROPORTIONAL_GAIN / 8.0 + 1e-12);
+            // dp/dx = ln 2 * 2^-x <= ln 2.
+            let step = std::f64::consts::LN_2 * PROPORTIONAL_GAIN / f64::from(max.get());
+            proptest::prop_assert!(b - a <= step + 1e-12);
+        }
+
+        /// A packed window gives back the count and sum that went in.
+        #[test]
+        fn packed_windows_round_trip(count in 0u64..(1 << 20), sum in 0u64..(1 << 44)) {
+            let word = (count << LATENCY_SUM_BITS) | sum;
+            proptest::prop_assert_eq!(unpack(word, LATENCY_SUM_BITS), (count, sum));
         }
     }
 }

@@ -124,8 +124,8 @@ impl Simulator {
         self.worker_count
     }
 
-    fn phase(&self) -> Phase {
-        let t = self.started.elapsed();
+    fn phase_at(&self, at: Instant) -> Phase {
+        let t = at.saturating_duration_since(self.started);
         self.phases
             .iter()
             .rev()
@@ -138,28 +138,30 @@ impl Simulator {
             })
     }
 
-    /// Serves one request: FIFO, by the worker that is free first, for a service time; the
-    /// request completes when that worker has served everything queued before it.
+    /// Serves one request: FIFO, by the worker that is free first, for a service time at the
+    /// speed of the phase its service starts in; the request completes when that worker has
+    /// served everything queued before it. A request whose caller gives up (drops this
+    /// future) keeps its place: an upstream does not learn that a client went away.
     ///
     /// # Errors
-    /// [`Failed`] in a failure phase, for its share of requests.
+    /// [`Failed`] at once, in a failure phase (by arrival time), for its share of requests.
     pub async fn serve(&self) -> Result<(), Failed> {
-        let phase = self.phase();
+        let now = Instant::now();
         let (u, fail) = {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             (rng.f64(), rng.f64())
         };
-        if fail < phase.fail_rate {
+        if fail < self.phase_at(now).fail_rate {
             return Err(Failed);
         }
-        let service = self.service.sample(u).mul_f64(phase.slowdown.max(0.0));
         let done = {
-            let now = Instant::now();
             let mut free_at = self.free_at.lock().unwrap_or_else(|p| p.into_inner());
             let Some(first) = free_at.iter_mut().min() else {
                 return Err(Failed);
             };
-            *first = (*first).max(now) + service;
+            let start = (*first).max(now);
+            let slowdown = self.phase_at(start).slowdown.max(0.0);
+            *first = start + self.service.sample(u).mul_f64(slowdown);
             *first
         };
         tokio::time::sleep_until(done).await;
@@ -258,6 +260,8 @@ pub struct Second {
     pub never_offered: u64,
     /// Never-shed events completed.
     pub never_delivered: u64,
+    /// Never-shed events admitted that the upstream failed or that timed out.
+    pub never_failed: u64,
     /// Highest pressure seen in the second.
     pub max_pressure: f64,
     /// Pressure at the end of the second.
@@ -397,11 +401,16 @@ pub async fn run_scenario(
                             s.never_delivered += 1;
                         }
                     }
-                    Ok(Err(Failed)) => s.failed += 1,
+                    Ok(Err(Failed)) => {
+                        // Not a latency sample (the middleware skips upstream 5xx alike).
+                        s.failed += 1;
+                        s.never_failed += u64::from(event.never);
+                    }
                     Err(_) => {
                         // A timeout is overload, not a fast sample.
                         gauge.record_latency(timeout);
                         s.failed += 1;
+                        s.never_failed += u64::from(event.never);
                     }
                 }
             }));

@@ -460,6 +460,41 @@ async fn pressure_can_be_pinned_unpinned_and_read() {
     }
 }
 
+/// Only answers the upstream gave, and not its 5xx, are latency samples (issue 4: the
+/// controller "ignores samples that are not upstream latency"): a fast 503 says nothing about
+/// how long served requests take. The same requests answered 200 are samples.
+#[tokio::test]
+async fn upstream_5xx_are_not_latency_samples() {
+    for (status, sampled) in [
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        (StatusCode::OK, true),
+    ] {
+        let upstream = MockUpstream::with(Behaviour {
+            status,
+            ..Behaviour::default()
+        })
+        .await;
+        let policy = PolicyDir::seed();
+        let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+        for _ in 0..30 {
+            let a = post(&proxy, "geofence.transition", event(BERLIN, 0)).await;
+            assert_eq!(a.status, status);
+        }
+        // Several controller ticks (50 ms each), then until the samples show, if they do.
+        let mut rate = 0.0;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let v = admin_get(&proxy, "/pressure").await.json();
+            rate = v["controller"]["sample_rate"].as_f64().unwrap();
+            if rate > 0.0 || !sampled {
+                break;
+            }
+        }
+        assert_eq!(rate > 0.0, sampled, "{status}: sample rate {rate}");
+        assert_eq!(upstream.count(), 30);
+    }
+}
+
 #[tokio::test]
 async fn metrics_expose_the_catalog_with_policy_names_only() {
     let (_upstream, _policy, proxy) = seeded().await;

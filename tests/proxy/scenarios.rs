@@ -106,15 +106,14 @@ fn assert_invariants(seconds: &[Second], text: &str) {
             "second {i}: a never-shed event was shed\n{text}"
         );
     }
-    let (never_offered, never_delivered) = seconds.iter().fold((0, 0), |(o, d), s| {
-        (o + s.never_offered, d + s.never_delivered)
+    let (offered, delivered, failed) = seconds.iter().fold((0, 0, 0), |(o, d, f), s| {
+        (
+            o + s.never_offered,
+            d + s.never_delivered,
+            f + s.never_failed,
+        )
     });
-    if seconds.iter().all(|s| s.failed == 0) {
-        assert_eq!(
-            never_delivered, never_offered,
-            "never-shed delivery\n{text}"
-        );
-    }
+    assert_eq!(delivered + failed, offered, "never-shed delivery\n{text}");
     for (i, s) in seconds.iter().enumerate() {
         let shares: Vec<f64> = (0..4)
             .map(|b| share(s.shed_by_band[b], s.offered_by_band[b]))
@@ -135,12 +134,17 @@ fn assert_invariants(seconds: &[Second], text: &str) {
     }
 }
 
-/// Seconds from the end of the overload until pressure is below 0.5 at a second's end.
+/// Seconds from the end of the overload until pressure is at most 0.5 (nothing shed) for
+/// good: the end of the first second from which every second ends at or below 0.5 (1 =
+/// within the first second). At or below, not strictly below: these scenarios return to
+/// 0.8x, where random queueing now and then takes latency to its target, which is 0.5.
 fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
-    seconds[overload_end..]
+    let after = &seconds[overload_end..];
+    let calm_from = after
         .iter()
-        .position(|s| s.end_pressure < 0.5)
-        .unwrap_or(usize::MAX)
+        .rposition(|s| s.end_pressure > 0.5)
+        .map_or(0, |i| i + 1);
+    calm_from + 1
 }
 
 /// The targets for steady overload, as accepted ranges: goodput at least 95% of
@@ -154,7 +158,7 @@ fn assert_steady_overload(f: &Figures, text: &str) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn steady_below_capacity_sheds_nothing() {
+async fn steady_below_capacity_sheds_next_to_nothing() {
     let (s, cap) = run(&[(20, 0.8)], vec![], 11).await;
     let text = summary(&s, cap);
     let f = figures("0.8x", &s, 0..20, cap);
@@ -183,6 +187,7 @@ async fn step_to_10x_sheds_in_rank_order_and_recovers() {
     let (s, cap) = run(&[(5, 0.8), (15, 10.0), (5, 0.8)], vec![], 13).await;
     let text = summary(&s, cap);
     assert_invariants(&s, &text);
+    figures("10x onset", &s, 5..7, cap);
     let f = figures("10x", &s, 7..20, cap);
     assert_steady_overload(&f, &text);
     // 95% of sheddable traffic must go: the default ranks almost all, priority areas
@@ -203,6 +208,9 @@ async fn a_spike_then_recovery() {
         "the spike raised pressure\n{text}"
     );
     assert!(recovery_seconds(&s, 8) <= 3, "{text}");
+    // The spike's last two seconds keep the upstream full.
+    let spike = figures("spike, steady part", &s, 6..8, cap);
+    assert!(spike.goodput >= 0.95, "{spike}\n{text}");
     // Back at 0.8x, shedding stops: nothing shed from three seconds after the spike.
     let after = figures("after the spike", &s, 11..18, cap);
     assert!(after.shed < f64::EPSILON, "{after}\n{text}");
@@ -280,10 +288,11 @@ async fn a_slowdown_that_ends_stops_the_shedding() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_upstream_failing_fast_is_not_read_as_fast() {
-    // From 5 s, 60% of requests fail at once (500s) under 1.5x load. The failures are not
-    // latency samples: the requests that are served still queue, and pressure still sees the
-    // overload of the workers.
+async fn an_upstream_failing_fast_still_sheds_in_rank_order() {
+    // From 5 s, 60% of requests fail at once (500s) under 3x load: 1.2x of capacity reaches
+    // the workers. The failures are not latency samples (here as in the middleware, see
+    // `upstream_5xx_are_not_latency_samples`); the served requests still queue, so shedding goes
+    // on, in rank order, and never-shed events are all admitted.
     let failing = Phase {
         from: Duration::from_secs(5),
         slowdown: 1.0,
@@ -292,7 +301,7 @@ async fn an_upstream_failing_fast_is_not_read_as_fast() {
     let (s, cap) = run(&[(5, 0.8), (10, 3.0)], vec![failing], 18).await;
     let text = summary(&s, cap);
     assert_invariants(&s, &text);
-    // 3x offered, 40% reaching the workers: 1.2x of capacity, so some shedding.
     let f = figures("failing fast", &s, 7..15, cap);
     assert!(f.shed > 0.05, "{f}\n{text}");
+    assert!(f.goodput >= 0.95, "{f}\n{text}");
 }
