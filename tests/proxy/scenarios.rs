@@ -144,6 +144,10 @@ fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
         .iter()
         .rposition(|s| s.end_pressure > 0.5)
         .map_or(0, |i| i + 1);
+    eprintln!(
+        "pressure at most 0.5 for good within {} s of second {overload_end}",
+        calm_from + 1
+    );
     calm_from + 1
 }
 
