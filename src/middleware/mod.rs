@@ -221,6 +221,13 @@ where
                 Some(header_stream(&shared.settings.stream_header))
             }
             Some(StreamSource::Header(h)) => Some(header_stream(h)),
+            Some(mapped @ StreamSource::MappedHeader { name, .. }) => Some(
+                req.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| mapped.map_field(v.trim()))
+                    .and_then(|n| policy.stream(&n)),
+            ),
             Some(StreamSource::Fixed(name)) => Some(policy.stream(name)),
             Some(StreamSource::Field { .. }) => None,
         };

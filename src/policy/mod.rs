@@ -208,6 +208,17 @@ pub enum StreamSource {
     Header(http::HeaderName),
     /// Fixed for the route.
     Fixed(String),
+    /// A named header whose value is mapped, else prefixed, like a body field: CloudEvents'
+    /// `ce-type` in binary mode is the same attribute as `/type` in structured mode, so it
+    /// must name the same stream.
+    MappedHeader {
+        /// The header.
+        name: http::HeaderName,
+        /// Header value → stream name.
+        map: std::collections::BTreeMap<String, String>,
+        /// Put before an unmapped value.
+        prefix: String,
+    },
     /// A body field (per event), mapped, else prefixed.
     Field {
         /// Field value → stream name.
@@ -218,10 +229,11 @@ pub enum StreamSource {
 }
 
 impl StreamSource {
-    /// The stream name a body field value stands for.
+    /// The stream name a body field value (or a mapped header's value) stands for.
     pub fn map_field(&self, value: &str) -> Option<String> {
         match self {
-            StreamSource::Field { map, prefix } => Some(
+            StreamSource::Field { map, prefix }
+            | StreamSource::MappedHeader { map, prefix, .. } => Some(
                 map.get(value)
                     .cloned()
                     .unwrap_or_else(|| format!("{prefix}{value}")),
@@ -376,9 +388,11 @@ fn compile_routes(
             } else {
                 match preset {
                     PresetStream::Header => StreamSource::DefaultHeader,
-                    PresetStream::NamedHeader(h) => {
-                        StreamSource::Header(http::HeaderName::from_static(h))
-                    }
+                    PresetStream::NamedHeader(h) => StreamSource::MappedHeader {
+                        name: http::HeaderName::from_static(h),
+                        map: r.stream_map.clone().unwrap_or_default(),
+                        prefix: r.stream_prefix.clone().unwrap_or_default(),
+                    },
                     PresetStream::Field(field, prefix) => {
                         shape.stream = Some(field);
                         StreamSource::Field {

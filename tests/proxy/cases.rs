@@ -421,6 +421,53 @@ async fn format_cloudevents_binary_position() {
     assert_all_facts_read(&s).await;
 }
 
+/// A route's `stream_map` applies to CloudEvents' `type` in every content mode: `ce-type` in
+/// binary mode is the same attribute as `/type` in structured mode, so the same event must
+/// land in the same stream either way.
+#[tokio::test]
+async fn cloudevents_type_is_mapped_in_binary_and_structured_mode() {
+    let streams = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+
+[[routes]]
+prefix = "/ce"
+format = "cloudevents"
+stream_map = { "com.example.fleet.position" = "vehicle.position" }
+"#;
+    let policy = PolicyDir::new(streams, None);
+    let upstream = MockUpstream::start().await;
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    pin(&proxy, 0.75).await;
+    let now = rfc3339(time::OffsetDateTime::now_utc(), true) + "Z";
+    let url = format!("http://{}/ce", proxy.proxy_addr);
+    let binary = http::Request::post(&url)
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "com.example.fleet.position")
+        .header("ce-source", "/fleet/vehicles/311")
+        .header("ce-id", "1")
+        .header("ce-time", &now)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            r#"{"lat":-1.28638,"lon":36.81723}"#,
+        )))
+        .unwrap();
+    let structured = http::Request::post(&url)
+        .header("content-type", "application/cloudevents+json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+            r#"{{"specversion":"1.0","type":"com.example.fleet.position","source":"/fleet/vehicles/311","id":"2","time":"{now}","data":{{"lat":-1.28638,"lon":36.81723}}}}"#
+        ))))
+        .unwrap();
+    for (mode, req) in [("binary", binary), ("structured", structured)] {
+        let a = send(req).await;
+        assert_eq!(a.status, http::StatusCode::SERVICE_UNAVAILABLE, "{mode}");
+        let body = a.json();
+        assert_eq!(body["stream"], "vehicle.position", "{mode}: {body}");
+        assert_eq!(body["rank"], 50, "{mode}: {body}");
+    }
+    assert_eq!(upstream.count(), 0);
+}
+
 #[tokio::test]
 async fn format_cloudevents_structured_geofence() {
     let s = setup().await;
