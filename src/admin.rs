@@ -116,7 +116,7 @@ async fn policy(State(s): State<AdminState>) -> Response {
                 enabled: !st.disabled.active(crate::admission::UnixMillis::now()),
                 stale_after_seconds: st.stale_after.as_secs_f64(),
                 format: st.format,
-                pointers: st.extractor.shape().describe(),
+                pointers: st.extractor().shape().describe(),
             })
             .collect(),
         routes: p

@@ -165,7 +165,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         (Some(path), _, _) => match std::fs::read(path) {
             Ok(bytes) => match stream {
                 Some(id) => {
-                    let body = p.stream_policy(id).extractor.extract(&bytes);
+                    let body = p.stream_policy(id).extractor().extract(&bytes);
                     if body.events.is_empty() {
                         Facts::UNREAD
                     } else {

@@ -390,14 +390,20 @@ where
         .route
         .map(|(i, j)| policy.routes()[i].mode_at(j))
         .filter(|m| !m.stream_pointers);
-    let extractor = match (mode, stream) {
-        (Some(m), _) => &m.extractor,
-        (None, Some(id)) => &policy.stream_policy(id).extractor,
-        (None, None) => &shared.default_extractor,
+    let (extractor, time_header) = match (mode, stream) {
+        (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
+        (None, Some(id)) => {
+            let content_type = parts.headers.get(http::header::CONTENT_TYPE);
+            let m = policy
+                .stream_policy(id)
+                .read_mode(content_type.map(http::HeaderValue::as_bytes));
+            (&m.extractor, m.time_header.as_ref())
+        }
+        (None, None) => (&shared.default_extractor, None),
     };
     let mut body_facts = extractor.extract(&bytes);
     // CloudEvents binary mode: the time is an attribute header, not in the data.
-    if let Some(h) = mode.and_then(|m| m.time_header.as_ref())
+    if let Some(h) = time_header
         && let Some(at) = parts
             .headers
             .get(h)

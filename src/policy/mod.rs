@@ -195,8 +195,37 @@ pub struct StreamPolicy {
     pub disabled: Disable,
     /// Its format preset (for bodies of this stream read without a route).
     pub format: Format,
+    /// How its bodies are read, per content mode of the format (at least one; the first is
+    /// the default).
+    pub modes: Vec<StreamMode>,
+}
+
+/// How one content mode of a stream's bodies is read (without a route).
+#[derive(Debug, Clone)]
+pub struct StreamMode {
+    /// The content mode (from `Content-Type`).
+    pub mode: ContentMode,
     /// Where its events keep their facts.
     pub extractor: Extractor,
+    /// A header holding the event time (CloudEvents binary mode: `ce-time`).
+    pub time_header: Option<http::HeaderName>,
+}
+
+impl StreamPolicy {
+    /// The default mode's extractor (the first).
+    pub fn extractor(&self) -> &Extractor {
+        &self.modes[0].extractor
+    }
+
+    /// The mode a body with this `Content-Type` is read in: the format's mode for it, else
+    /// the first.
+    pub fn read_mode(&self, content_type: Option<&[u8]>) -> &StreamMode {
+        let want = ContentMode::of(content_type);
+        self.modes
+            .iter()
+            .find(|m| m.mode == want)
+            .unwrap_or(&self.modes[0])
+    }
 }
 
 /// Where a route's requests name their stream.
@@ -835,10 +864,17 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             }
         }
         let format = s.format.unwrap_or_default();
-        let (mut shape, _, _) = format.preset(ContentMode::Binary);
-        override_pointers(&mut shape, s.lat, s.lon, s.time);
-        let extractor =
-            Extractor::new(shape).map_err(|e| at(streams_path, field("lat"), e.to_string()))?;
+        let mut modes = Vec::new();
+        for &mode in format.modes() {
+            let (mut shape, _, time_header) = format.preset(mode);
+            override_pointers(&mut shape, s.lat.clone(), s.lon.clone(), s.time.clone());
+            modes.push(StreamMode {
+                mode,
+                extractor: Extractor::new(shape)
+                    .map_err(|e| at(streams_path, field("lat"), e.to_string()))?,
+                time_header: time_header.map(http::HeaderName::from_static),
+            });
+        }
         let id = StreamId(u32::try_from(streams.len()).unwrap_or(u32::MAX));
         stream_index.insert(name.clone(), id);
         streams.push(StreamPolicy {
@@ -849,7 +885,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             mode: stream_mode,
             disabled: Disable::from_parts(s.enabled, s.until),
             format,
-            extractor,
+            modes,
         });
     }
     if streams.is_empty() {

@@ -468,6 +468,52 @@ stream_map = { "com.example.fleet.position" = "vehicle.position" }
     assert_eq!(upstream.count(), 0);
 }
 
+/// A stream whose own `format` is `cloudevents` (named by the stream header, no route) is
+/// read in every content mode, `ce-time` included: an old binary-mode event is stale, and a
+/// structured one is located from `/data`.
+#[tokio::test]
+async fn a_stream_level_cloudevents_format_reads_every_content_mode() {
+    let streams = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+format = "cloudevents"
+stale_after = "1m"
+"#;
+    let policy = PolicyDir::new(streams, Some(BERLIN_AREA));
+    let upstream = MockUpstream::start().await;
+    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let url = format!("http://{}/anything", proxy.proxy_addr);
+    let old = rfc3339(
+        time::OffsetDateTime::now_utc() - time::Duration::minutes(10),
+        false,
+    ) + "Z";
+    let binary = http::Request::post(&url)
+        .header("x-stream", "vehicle.position")
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "whatever")
+        .header("ce-time", &old)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            r#"{"lat":52.52,"lon":13.4049}"#,
+        )))
+        .unwrap();
+    let a = send(binary).await;
+    assert_eq!(a.header("x-shed-reason"), Some("stale"), "{}", a.status);
+    // Structured, fresh, in Berlin (rank 5): kept at 0.75, where rank 50 would be shed.
+    pin(&proxy, 0.75).await;
+    let now = rfc3339(time::OffsetDateTime::now_utc(), true) + "Z";
+    let structured = http::Request::post(&url)
+        .header("x-stream", "vehicle.position")
+        .header("content-type", "application/cloudevents+json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+            r#"{{"specversion":"1.0","type":"t","source":"s","id":"1","time":"{now}","data":{{"lat":52.52,"lon":13.4049}}}}"#
+        ))))
+        .unwrap();
+    let a = send(structured).await;
+    assert_eq!(a.status, http::StatusCode::OK);
+    assert_eq!(upstream.count(), 1);
+}
+
 #[tokio::test]
 async fn format_cloudevents_structured_geofence() {
     let s = setup().await;
