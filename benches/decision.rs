@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
             let stream = policy.stream(black_box("vehicle.position"));
             let body = policy
                 .stream_policy(stream.unwrap())
-                .extractor
+                .extractor()
                 .extract(black_box(&body));
             let (stream, facts) = admission::summarise(policy, body.body, &body.events, |_| stream);
             let d = admission::decide(
