@@ -215,9 +215,10 @@ async fn a_spike_then_recovery() {
     // The spike's last two seconds keep the upstream full.
     let spike = figures("spike, steady part", &s, 6..8, cap);
     assert!(spike.goodput >= 0.95, "{spike}\n{text}");
-    // Back at 0.8x, shedding stops: nothing shed from three seconds after the spike.
+    // Back at 0.8x, shedding stops: from three seconds after the spike, no more than
+    // steady 0.8x sheds (under 1%).
     let after = figures("after the spike", &s, 11..18, cap);
-    assert!(after.shed < f64::EPSILON, "{after}\n{text}");
+    assert!(after.shed < 0.01, "{after}\n{text}");
 }
 
 #[tokio::test(start_paused = true)]
