@@ -174,6 +174,22 @@ async fn steady_below_capacity_sheds_next_to_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn just_over_capacity_is_held_full_without_a_sawtooth() {
+    // 1.2x: the effort settles near zero, where a loop that re-arms slowly would saw.
+    let (s, cap) = run(&[(5, 0.8), (15, 1.2), (5, 0.8)], vec![], 19).await;
+    let text = summary(&s, cap);
+    assert_invariants(&s, &text);
+    let f = figures("1.2x", &s, 7..20, cap);
+    assert_steady_overload(&f, &text);
+    // About a sixth of the sheddable traffic must go, all of it default rank.
+    assert!(
+        f.shed_by_band[0] + f.shed_by_band[1] < f64::EPSILON,
+        "{f}\n{text}"
+    );
+    assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn step_to_3x_keeps_the_upstream_full_and_recovers() {
     let (s, cap) = run(&[(5, 0.8), (15, 3.0), (5, 0.8)], vec![], 12).await;
     let text = summary(&s, cap);
