@@ -66,7 +66,10 @@ struct StreamView<'a> {
     enabled: bool,
     stale_after_seconds: f64,
     format: crate::admission::formats::Format,
+    /// The first content mode's pointers.
     pointers: serde_json::Value,
+    /// Every content mode of the format, with its pointers and time header.
+    modes: Vec<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -117,6 +120,17 @@ async fn policy(State(s): State<AdminState>) -> Response {
                 stale_after_seconds: st.stale_after.as_secs_f64(),
                 format: st.format,
                 pointers: st.extractor().shape().describe(),
+                modes: st
+                    .modes
+                    .iter()
+                    .map(|m| {
+                        serde_json::json!({
+                            "content_mode": m.mode,
+                            "pointers": m.extractor.shape().describe(),
+                            "time_header": m.time_header.as_ref().map(http::HeaderName::as_str),
+                        })
+                    })
+                    .collect(),
             })
             .collect(),
         routes: p

@@ -44,6 +44,10 @@ struct ExplainArgs {
     /// A request body to read the facts from (by the stream's pointers).
     #[arg(long, conflicts_with_all = ["lat", "lon"])]
     body: Option<PathBuf>,
+    /// The body's Content-Type, which picks the format's content mode as the proxy does
+    /// (e.g. `application/cloudevents+json`) [default: the format's first mode].
+    #[arg(long, requires = "body")]
+    content_type: Option<String>,
     /// Latitude, degrees.
     #[arg(long, requires = "lon", allow_hyphen_values = true)]
     lat: Option<f64>,
@@ -165,7 +169,9 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         (Some(path), _, _) => match std::fs::read(path) {
             Ok(bytes) => match stream {
                 Some(id) => {
-                    let body = p.stream_policy(id).extractor().extract(&bytes);
+                    let content_type = args.content_type.as_deref().map(str::as_bytes);
+                    let mode = p.stream_policy(id).read_mode(content_type);
+                    let body = mode.extractor.extract(&bytes);
                     if body.events.is_empty() {
                         Facts::UNREAD
                     } else {

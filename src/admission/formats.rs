@@ -40,7 +40,8 @@ pub enum Format {
 }
 
 /// CloudEvents content mode, from `Content-Type` (CloudEvents HTTP binding, section 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ContentMode {
     /// `application/cloudevents-batch+json`.
     Batched,
@@ -153,6 +154,16 @@ impl Format {
                 PresetStream::Field(p("/type"), ""),
                 None,
             ),
+        }
+    }
+
+    /// Where an event's data sits in this content mode, for pointer overrides (which are
+    /// relative to the data): `/data` for CloudEvents structured and batched events (in
+    /// binary mode the body is the data); the event itself for every other format.
+    pub fn data_root(self, mode: ContentMode) -> Option<&'static str> {
+        match (self, mode) {
+            (Format::Cloudevents, ContentMode::Structured | ContentMode::Batched) => Some("/data"),
+            _ => None,
         }
     }
 

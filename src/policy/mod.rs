@@ -310,13 +310,20 @@ impl Route {
     }
 }
 
-/// Replaces a shape's pointers with the ones given.
+/// Replaces a shape's pointers with the ones given, which are relative to the event's data:
+/// under `root` (see [`Format::data_root`]) when the mode has one.
 fn override_pointers(
     shape: &mut Shape,
+    root: Option<&str>,
     lat: Option<JsonPointer>,
     lon: Option<JsonPointer>,
     time: Option<JsonPointer>,
 ) {
+    let rooted = |p: Option<JsonPointer>| match (p, root) {
+        (Some(p), Some(root)) => JsonPointer::parse(&format!("{root}{}", p.as_str())).ok(),
+        (p, _) => p,
+    };
+    let (lat, lon, time) = (rooted(lat), rooted(lon), rooted(time));
     if lat.is_some() || lon.is_some() {
         shape.lonlat = None;
         let (dlat, dlon, _) = Extractor::default_pointers();
@@ -369,10 +376,14 @@ fn compile_routes(
         }
         if (r.stream_prefix.is_some() || r.stream_map.is_some()) && r.stream_field.is_none() {
             let (_, preset, _) = r.format.unwrap_or_default().preset(ContentMode::Structured);
-            if !matches!(preset, PresetStream::Field(..)) {
+            if r.stream.is_some()
+                || r.stream_header.is_some()
+                || !matches!(preset, PresetStream::Field(..))
+            {
                 return Err(err(
                     "stream_map",
-                    "stream_prefix and stream_map apply to a body field (stream_field)".into(),
+                    "stream_prefix and stream_map apply to a stream named in the body                      (stream_field, or a preset's own: owntracks `_type`, cloudevents `type`                      and `ce-type`, standard-webhooks `type`), not to `stream` or                      `stream_header`"
+                        .into(),
                 ));
             }
         }
@@ -400,7 +411,16 @@ fn compile_routes(
         let mut modes = Vec::new();
         for &mode in format.modes() {
             let (mut shape, preset, time_header) = format.preset(mode);
-            override_pointers(&mut shape, r.lat.clone(), r.lon.clone(), r.time.clone());
+            let root = format.data_root(mode);
+            override_pointers(
+                &mut shape,
+                root,
+                r.lat.clone(),
+                r.lon.clone(),
+                r.time.clone(),
+            );
+            // An explicit `time` pointer wins over the preset's time header (`ce-time`).
+            let time_header = time_header.filter(|_| r.time.is_none());
             let source = if let Some(name) = &r.stream {
                 StreamSource::Fixed(name.clone())
             } else if let Some(h) = &r.stream_header {
@@ -867,7 +887,15 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         let mut modes = Vec::new();
         for &mode in format.modes() {
             let (mut shape, _, time_header) = format.preset(mode);
-            override_pointers(&mut shape, s.lat.clone(), s.lon.clone(), s.time.clone());
+            let root = format.data_root(mode);
+            override_pointers(
+                &mut shape,
+                root,
+                s.lat.clone(),
+                s.lon.clone(),
+                s.time.clone(),
+            );
+            let time_header = time_header.filter(|_| s.time.is_none());
             modes.push(StreamMode {
                 mode,
                 extractor: Extractor::new(shape)
@@ -1216,6 +1244,80 @@ mod tests {
 [streams."vehicle.position"]
 supersession = "self-superseding"
 "#;
+
+    /// Pointer overrides are relative to the event's data in every content mode: under
+    /// `/data` in CloudEvents structured and batched mode, the body in binary mode; an
+    /// explicit `time` pointer wins over `ce-time`.
+    #[test]
+    fn cloudevents_overrides_are_relative_to_the_data() {
+        let streams = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+format = "cloudevents"
+lat = "/position/lat"
+lon = "/position/lon"
+time = "/position/at"
+
+[[routes]]
+prefix = "/ce"
+format = "cloudevents"
+lat = "/position/lat"
+lon = "/position/lon"
+"#;
+        let c = compile_str(streams, "").unwrap();
+        let route = &c.policy.routes()[0];
+        let id = c.policy.stream("vehicle.position").unwrap();
+        let stream = c.policy.stream_policy(id);
+        for (content_type, lat) in [
+            (None, "/position/lat"),
+            (Some("application/cloudevents+json"), "/data/position/lat"),
+            (
+                Some("application/cloudevents-batch+json"),
+                "/data/position/lat",
+            ),
+        ] {
+            let ct = content_type.map(str::as_bytes);
+            let r = route.mode_at(route.mode_index(ct));
+            assert_eq!(
+                r.extractor.shape().describe()["lat"],
+                lat,
+                "{content_type:?}"
+            );
+            let m = stream.read_mode(ct);
+            assert_eq!(
+                m.extractor.shape().describe()["lat"],
+                lat,
+                "{content_type:?}"
+            );
+            // The stream names its time pointer: ce-time does not override it.
+            assert!(m.time_header.is_none(), "{content_type:?}");
+        }
+        // The route names no time pointer: binary mode keeps ce-time.
+        let binary = route.mode_at(route.mode_index(None));
+        assert_eq!(
+            binary.time_header.as_ref().map(http::HeaderName::as_str),
+            Some("ce-time")
+        );
+    }
+
+    #[test]
+    fn a_stream_map_that_nothing_would_use_is_refused() {
+        for source in [
+            "stream = \"vehicle.position\"",
+            "stream_header = \"x-kind\"",
+        ] {
+            let streams = format!(
+                "{STREAMS}\n[[routes]]\nprefix = \"/ce\"\nformat = \"cloudevents\"\n{source}\n\
+                 stream_map = {{ a = \"vehicle.position\" }}\n"
+            );
+            let e = compile_str(&streams, "").unwrap_err();
+            assert_eq!(
+                e.location.field.as_deref(),
+                Some("routes[0].stream_map"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn errors_name_file_line_and_field() {

@@ -514,6 +514,55 @@ stale_after = "1m"
     assert_eq!(upstream.count(), 1);
 }
 
+/// `shedgate explain --body` reads a body in the content mode its `--content-type` picks, as
+/// the proxy does: a structured CloudEvent in Berlin is located (rank 5) and kept at 0.75.
+#[test]
+fn explain_reads_the_content_mode_the_content_type_picks() {
+    let streams = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+format = "cloudevents"
+"#;
+    let policy = PolicyDir::new(streams, Some(BERLIN_AREA));
+    let body = policy.path().join("event.json");
+    std::fs::write(
+        &body,
+        r#"{"specversion":"1.0","type":"t","source":"s","id":"1","data":{"lat":52.52,"lon":13.4049}}"#,
+    )
+    .unwrap();
+    let explain = |content_type: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"));
+        cmd.arg("explain")
+            .arg("--policies")
+            .arg(policy.path())
+            .args([
+                "--stream",
+                "vehicle.position",
+                "--pressure",
+                "0.75",
+                "--json",
+                "--body",
+            ])
+            .arg(&body);
+        if let Some(ct) = content_type {
+            cmd.args(["--content-type", ct]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let structured = explain(Some("application/cloudevents+json"));
+    assert_eq!(structured["rank"], 5, "{structured}");
+    assert_eq!(structured["decision"], "admit", "{structured}");
+    // Read as binary mode (the body is the data), the envelope has no /lat: unlocated.
+    let binary = explain(None);
+    assert_ne!(binary["rank"], 5, "{binary}");
+}
+
 #[tokio::test]
 async fn format_cloudevents_structured_geofence() {
     let s = setup().await;
