@@ -21,7 +21,9 @@
 //!   and the [`policy::PolicyStore`] that swaps snapshots atomically.
 //! - [`admission`]: the pure decision — stream class, staleness, area rank, the shed curve.
 //!   Takes `now`, pressure and the random draw as arguments.
-//! - [`pressure`]: the controller turning in-flight count and upstream latency into 0..1.
+//! - [`pressure`]: the proportional-integral controller turning in-flight count and upstream
+//!   latency into pressure 0..1 (the integral at each tick, the proportional part at each
+//!   decision).
 //! - [`middleware`]: the tower [`middleware::AdmissionLayer`] that gathers inputs, calls
 //!   [`admission::decide`] in `call`, and holds in-flight accounting until the body ends.
 //! - [`upstream`]: the pooled proxy client and header hygiene.
