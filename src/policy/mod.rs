@@ -310,6 +310,23 @@ impl Route {
     }
 }
 
+/// How a content mode of `format` is read, with the policy's pointer overrides (relative to
+/// the event's data) applied: its shape, where the preset names the stream, and its time
+/// header, which an explicit `time` pointer overrides (`ce-time`). One rule for routes and
+/// streams.
+fn mode_reading(
+    format: Format,
+    mode: ContentMode,
+    lat: Option<JsonPointer>,
+    lon: Option<JsonPointer>,
+    time: Option<JsonPointer>,
+) -> (Shape, PresetStream, Option<&'static str>) {
+    let (mut shape, preset, time_header) = format.preset(mode);
+    let time_header = time_header.filter(|_| time.is_none());
+    override_pointers(&mut shape, format.data_root(mode), lat, lon, time);
+    (shape, preset, time_header)
+}
+
 /// Replaces a shape's pointers with the ones given, which are relative to the event's data:
 /// under `root` (see [`Format::data_root`]) when the mode has one.
 fn override_pointers(
@@ -410,17 +427,8 @@ fn compile_routes(
             format == Format::Pointers && r.lat.is_none() && r.lon.is_none() && r.time.is_none();
         let mut modes = Vec::new();
         for &mode in format.modes() {
-            let (mut shape, preset, time_header) = format.preset(mode);
-            let root = format.data_root(mode);
-            override_pointers(
-                &mut shape,
-                root,
-                r.lat.clone(),
-                r.lon.clone(),
-                r.time.clone(),
-            );
-            // An explicit `time` pointer wins over the preset's time header (`ce-time`).
-            let time_header = time_header.filter(|_| r.time.is_none());
+            let (mut shape, preset, time_header) =
+                mode_reading(format, mode, r.lat.clone(), r.lon.clone(), r.time.clone());
             let source = if let Some(name) = &r.stream {
                 StreamSource::Fixed(name.clone())
             } else if let Some(h) = &r.stream_header {
@@ -886,16 +894,8 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         let format = s.format.unwrap_or_default();
         let mut modes = Vec::new();
         for &mode in format.modes() {
-            let (mut shape, _, time_header) = format.preset(mode);
-            let root = format.data_root(mode);
-            override_pointers(
-                &mut shape,
-                root,
-                s.lat.clone(),
-                s.lon.clone(),
-                s.time.clone(),
-            );
-            let time_header = time_header.filter(|_| s.time.is_none());
+            let (shape, _, time_header) =
+                mode_reading(format, mode, s.lat.clone(), s.lon.clone(), s.time.clone());
             modes.push(StreamMode {
                 mode,
                 extractor: Extractor::new(shape)

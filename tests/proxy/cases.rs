@@ -421,6 +421,18 @@ async fn format_cloudevents_binary_position() {
     assert_all_facts_read(&s).await;
 }
 
+/// A CloudEvents binary-mode request (HTTP binding section 3.1): the attributes in `ce-`
+/// headers, the data as a JSON body (added by the caller).
+fn ce_binary(url: &str, ce_type: &str, ce_time: &str) -> http::request::Builder {
+    http::Request::post(url)
+        .header("ce-specversion", "1.0")
+        .header("ce-type", ce_type)
+        .header("ce-source", "/fleet/vehicles/311")
+        .header("ce-id", "1")
+        .header("ce-time", ce_time)
+        .header("content-type", "application/json")
+}
+
 /// A route's `stream_map` applies to CloudEvents' `type` in every content mode: `ce-type` in
 /// binary mode is the same attribute as `/type` in structured mode, so the same event must
 /// land in the same stream either way.
@@ -441,13 +453,7 @@ stream_map = { "com.example.fleet.position" = "vehicle.position" }
     pin(&proxy, 0.75).await;
     let now = rfc3339(time::OffsetDateTime::now_utc(), true) + "Z";
     let url = format!("http://{}/ce", proxy.proxy_addr);
-    let binary = http::Request::post(&url)
-        .header("ce-specversion", "1.0")
-        .header("ce-type", "com.example.fleet.position")
-        .header("ce-source", "/fleet/vehicles/311")
-        .header("ce-id", "1")
-        .header("ce-time", &now)
-        .header("content-type", "application/json")
+    let binary = ce_binary(&url, "com.example.fleet.position", &now)
         .body(http_body_util::Full::new(bytes::Bytes::from(
             r#"{"lat":-1.28638,"lon":36.81723}"#,
         )))
@@ -487,12 +493,8 @@ stale_after = "1m"
         time::OffsetDateTime::now_utc() - time::Duration::minutes(10),
         false,
     ) + "Z";
-    let binary = http::Request::post(&url)
+    let binary = ce_binary(&url, "whatever", &old)
         .header("x-stream", "vehicle.position")
-        .header("ce-specversion", "1.0")
-        .header("ce-type", "whatever")
-        .header("ce-time", &old)
-        .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(
             r#"{"lat":52.52,"lon":13.4049}"#,
         )))
