@@ -40,6 +40,17 @@ async fn run_with(
 ) -> (Vec<Second>, f64) {
     let policy = policy();
     let events = geographic_events(&policy, MIX, 20_000, seed);
+    run_events(service, load, phases, seed, &policy, &events).await
+}
+
+async fn run_events(
+    service: ServiceTime,
+    load: &[(u64, f64)],
+    phases: Vec<Phase>,
+    seed: u64,
+    policy: &Arc<shedgate::policy::Policy>,
+    events: &[shedgate::sim::SimEvent],
+) -> (Vec<Second>, f64) {
     let sim = Simulator::new(WORKERS, service, phases, seed);
     let scenario = Scenario {
         load: load
@@ -55,7 +66,7 @@ async fn run_with(
     };
     let capacity = sim.capacity();
     (
-        run_scenario(&scenario, &sim, &policy, &events).await,
+        run_scenario(&scenario, &sim, policy, events).await,
         capacity,
     )
 }
@@ -345,4 +356,46 @@ async fn a_heavy_tailed_upstream_is_held_full_too() {
     assert!(f.goodput >= 0.95, "{f}\n{text}");
     assert!(f.cv <= 0.10, "{f}\n{text}");
     assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_traffic_in_one_priority_area_is_still_held_full() {
+    // Every event is a vehicle position in Berlin (rank 5), as in the shared loopback
+    // harness: to shed two thirds of it, pressure must pass 0.95 at once, and the
+    // proportional part must get it there before the queue runs away.
+    let policy = policy();
+    let stream = policy.stream("vehicle.position");
+    let (lat, lon) = (52.520008, 13.404954);
+    let (_, rank) = policy.area_at(lat, lon);
+    assert_eq!(rank.get(), 5);
+    let events = vec![
+        shedgate::sim::SimEvent {
+            stream,
+            never: false,
+            lat,
+            lon,
+            rank,
+        };
+        1
+    ];
+    for factor in [3.0, 10.0] {
+        let (s, cap) = run_events(
+            UNIFORM,
+            &[(5, 0.8), (15, factor), (5, 0.8)],
+            vec![],
+            21,
+            &policy,
+            &events,
+        )
+        .await;
+        let text = summary(&s, cap);
+        assert_invariants(&s, &text);
+        assert_steady_overload(
+            &figures(&format!("{factor}x, all rank 5"), &s, 7..20, cap),
+            &text,
+        );
+        let onset = figures(&format!("{factor}x onset, all rank 5"), &s, 5..7, cap);
+        assert!(onset.p99_ms <= 10.0 * TARGET_MS as f64, "{onset}\n{text}");
+        assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+    }
 }
