@@ -101,8 +101,9 @@ pub const ENGAGED_EFFORT: f64 = 0.5;
 /// error (utilisation over the setpoint, or latency ratio over 1, whichever is smaller).
 /// Tuned in closed loop (`tests/proxy/scenarios.rs`): 2, 4 and 8 all hold 3x and 10x at
 /// 99–100% goodput with a CV near 1%; 4 settles a 10x step within a second and unwinds
-/// within one after it. The loop is not sensitive to it because the proportional part
-/// answers first.
+/// within one after it (three when all traffic is rank 5 and the effort reached about 5; at
+/// 2 that takes four, over the 3 s target). The loop is otherwise not sensitive to it
+/// because the proportional part answers first.
 pub const INTEGRAL_GAIN: f64 = 4.0;
 /// Largest shedding effort: `p = 1 - 2^-(1 + 6) ≈ 0.992`, where every rank above 1 is shed
 /// and rank 1 in part (with the default band). Anti-windup: an overload that shedding cannot
