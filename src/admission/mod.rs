@@ -470,27 +470,20 @@ mod tests {
         // Berlin's cell is rank 90 in this policy; an unreadable point makes it rank 50.
         let berlin = event(Coordinates::new(52.52, 13.405), EventTime::Missing);
         let unreadable = event(Coordinates::Invalid, EventTime::Missing);
-        let (_, facts) = summarise(&p, BodyState::Json, &[berlin.clone(), unreadable], |_| a);
-        let d = decide(
-            &p,
-            a,
-            &facts,
-            UnixMillis(0),
-            Pressure::ZERO,
-            0.5,
-            &Load::IDLE,
-        );
-        assert_eq!(d.rank.get(), 50);
-        let (_, facts) = summarise(&p, BodyState::Json, &[berlin.clone(), berlin], |_| a);
-        let d = decide(
-            &p,
-            a,
-            &facts,
-            UnixMillis(0),
-            Pressure::ZERO,
-            0.5,
-            &Load::IDLE,
-        );
-        assert_eq!(d.rank.get(), 90);
+        let rank_of = |events: &[EventFacts]| {
+            let (_, facts) = summarise(&p, BodyState::Json, events, |_| a);
+            let d = decide(
+                &p,
+                a,
+                &facts,
+                UnixMillis(0),
+                Pressure::ZERO,
+                0.5,
+                &Load::IDLE,
+            );
+            d.rank.get()
+        };
+        assert_eq!(rank_of(&[berlin.clone(), unreadable]), 50);
+        assert_eq!(rank_of(&[berlin.clone(), berlin]), 90);
     }
 }

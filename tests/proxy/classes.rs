@@ -44,18 +44,30 @@ async fn until_in_flight(proxy: &shedgate::app::Running, n: u32) {
     panic!("never reached {n} in flight");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn best_effort_over_budget_is_shed_while_critical_passes() {
+/// A proxy with capacity `max_inflight` in front of an upstream that takes `delay` per
+/// request, pressure pinned at 0 (so only class budgets shed), shared for spawned posts.
+async fn budgeted(
+    streams: &str,
+    delay_ms: u64,
+    max_inflight: u32,
+) -> (MockUpstream, PolicyDir, Arc<shedgate::app::Running>) {
     let upstream = MockUpstream::with(Behaviour {
-        delay: Duration::from_millis(800),
+        delay: Duration::from_millis(delay_ms),
         ..Behaviour::default()
     })
     .await;
-    let policy = PolicyDir::new(CLASSED, Some(BERLIN_AREA));
-    let proxy = Arc::new(
-        spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_inflight = Some(2)).await,
-    );
+    let policy = PolicyDir::new(streams, Some(BERLIN_AREA));
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+        a.max_inflight = Some(max_inflight);
+    })
+    .await;
     pin(&proxy, 0.0).await;
+    (upstream, policy, Arc::new(proxy))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_effort_over_budget_is_shed_while_critical_passes() {
+    let (_upstream, _policy, proxy) = budgeted(CLASSED, 800, 2).await;
     // best-effort holds its budget (1 of 2), critical takes the other slot.
     let a = spawn_post(&proxy, "vehicle.position");
     until_in_flight(&proxy, 1).await;
@@ -79,16 +91,7 @@ async fn best_effort_over_budget_is_shed_while_critical_passes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_budget_is_borrowed_and_given_back() {
-    let upstream = MockUpstream::with(Behaviour {
-        delay: Duration::from_millis(600),
-        ..Behaviour::default()
-    })
-    .await;
-    let policy = PolicyDir::new(CLASSED, Some(BERLIN_AREA));
-    let proxy = Arc::new(
-        spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_inflight = Some(3)).await,
-    );
-    pin(&proxy, 0.0).await;
+    let (_upstream, _policy, proxy) = budgeted(CLASSED, 600, 3).await;
     // Budget 0.5 of 3 = 2. Nothing else runs: best-effort borrows the idle third slot.
     let held: Vec<_> = (0..3)
         .map(|_| spawn_post(&proxy, "vehicle.position"))
@@ -315,11 +318,6 @@ async fn stats_summarise_per_stream_and_class() {
 /// header or in the body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_never_class_waits_then_answers_503() {
-    let upstream = MockUpstream::with(Behaviour {
-        delay: Duration::from_millis(1500),
-        ..Behaviour::default()
-    })
-    .await;
     let streams = r#"
 [classes.critical]
 budget = 0.5
@@ -337,11 +335,7 @@ class = "critical"
 prefix = "/ingest/owntracks"
 format = "owntracks"
 "#;
-    let policy = PolicyDir::new(streams, Some(BERLIN_AREA));
-    let proxy = Arc::new(
-        spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_inflight = Some(2)).await,
-    );
-    pin(&proxy, 0.0).await;
+    let (upstream, _policy, proxy) = budgeted(streams, 1500, 2).await;
     // critical holds its budget (1 of 2), important fills the upstream.
     let held = spawn_post(&proxy, "geofence.transition");
     until_in_flight(&proxy, 1).await;

@@ -172,16 +172,16 @@ async fn upstream_down_is_502() {
 
 #[tokio::test]
 async fn upstream_too_slow_is_504() {
-    let upstream = MockUpstream::with(Behaviour {
-        delay: Duration::from_secs(5),
-        ..Behaviour::default()
-    })
-    .await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
-        a.upstream_timeout = Some("300ms".into());
-        a.latency_target = Some("100ms".into());
-    })
+    let (_upstream, _policy, proxy) = seeded_with(
+        Behaviour {
+            delay: Duration::from_secs(5),
+            ..Behaviour::default()
+        },
+        |a| {
+            a.upstream_timeout = Some("300ms".into());
+            a.latency_target = Some("100ms".into());
+        },
+    )
     .await;
     let a = post(&proxy, "geofence.transition", event(BERLIN, 0)).await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
@@ -199,9 +199,8 @@ async fn upstream_too_slow_is_504() {
 
 #[tokio::test]
 async fn declared_body_over_the_limit_is_413() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_body = Some(1000)).await;
+    let (upstream, _policy, proxy) =
+        seeded_with(Behaviour::default(), |a| a.max_body = Some(1000)).await;
     for stream in ["vehicle.position", "feature.boundary_edit"] {
         let a = post(&proxy, stream, vec![b' '; 1001]).await;
         assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{stream}");
@@ -219,9 +218,8 @@ async fn declared_body_over_the_limit_is_413() {
 /// A chunked body (no Content-Length) that streams past the limit.
 #[tokio::test]
 async fn streamed_body_over_the_limit_is_413() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| a.max_body = Some(1000)).await;
+    let (_upstream, _policy, proxy) =
+        seeded_with(Behaviour::default(), |a| a.max_body = Some(1000)).await;
     for stream in ["vehicle.position", "feature.boundary_edit"] {
         let body = Chunks {
             left: 10,
@@ -275,9 +273,7 @@ impl http_body::Body for Chunks {
 /// sees it.
 #[tokio::test]
 async fn slow_body_is_408_and_never_reaches_the_upstream() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+    let (upstream, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
         a.body_read_timeout = Some("300ms".into());
     })
     .await;
@@ -376,13 +372,14 @@ async fn expect_continue_and_chunked_bodies_work() {
 #[tokio::test]
 async fn in_flight_is_held_until_the_response_body_ends() {
     // The upstream sends its headers at once and its body 500 ms later.
-    let upstream = MockUpstream::with(Behaviour {
-        body_delay: Duration::from_millis(500),
-        ..Behaviour::default()
-    })
+    let (_upstream, _policy, proxy) = seeded_with(
+        Behaviour {
+            body_delay: Duration::from_millis(500),
+            ..Behaviour::default()
+        },
+        |_| {},
+    )
     .await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
     let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
         .header("x-stream", "dlq.replay")
         .body(Full::new(Bytes::from(event(BERLIN, 0))))
@@ -404,13 +401,14 @@ async fn in_flight_is_held_until_the_response_body_ends() {
 
 #[tokio::test]
 async fn graceful_shutdown_drains_in_flight_requests() {
-    let upstream = MockUpstream::with(Behaviour {
-        delay: Duration::from_millis(400),
-        ..Behaviour::default()
-    })
+    let (upstream, _policy, proxy) = seeded_with(
+        Behaviour {
+            delay: Duration::from_millis(400),
+            ..Behaviour::default()
+        },
+        |_| {},
+    )
     .await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
     let addr = proxy.proxy_addr;
     let req = Request::post(format!("http://{addr}/ingest"))
         .header("x-stream", "feature.boundary_edit")
@@ -469,13 +467,11 @@ async fn upstream_5xx_are_not_latency_samples() {
         (StatusCode::SERVICE_UNAVAILABLE, false),
         (StatusCode::OK, true),
     ] {
-        let upstream = MockUpstream::with(Behaviour {
+        let behaviour = Behaviour {
             status,
             ..Behaviour::default()
-        })
-        .await;
-        let policy = PolicyDir::seed();
-        let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+        };
+        let (upstream, _policy, proxy) = seeded_with(behaviour, |_| {}).await;
         for _ in 0..30 {
             let a = post(&proxy, "geofence.transition", event(BERLIN, 0)).await;
             assert_eq!(a.status, status);
@@ -742,9 +738,7 @@ fn readme_lists_every_metric() {
 /// (its own fault), not 504, and its upload time is no upstream latency sample.
 #[tokio::test]
 async fn slow_never_stream_body_is_408_not_504() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+    let (_upstream, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
         a.body_read_timeout = Some("1s".into());
         a.upstream_timeout = Some("200ms".into());
         a.latency_target = Some("50ms".into());
@@ -788,9 +782,7 @@ async fn slow_never_stream_body_is_408_not_504() {
 
 #[tokio::test]
 async fn host_header_can_be_the_upstreams() {
-    let upstream = MockUpstream::start().await;
-    let policy = PolicyDir::seed();
-    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+    let (upstream, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
         a.host_header = Some("upstream".into());
     })
     .await;

@@ -223,9 +223,18 @@ pub fn cases_policy() -> PathBuf {
 /// A recording upstream and a proxy with the seed policy in front of it (keep the policy
 /// directory alive as long as the proxy).
 pub async fn seeded() -> (MockUpstream, PolicyDir, Running) {
-    let upstream = MockUpstream::start().await;
+    seeded_with(Behaviour::default(), |_| {}).await
+}
+
+/// As [`seeded`], with the upstream answering as `behaviour` and the proxy's settings
+/// tweaked.
+pub async fn seeded_with(
+    behaviour: Behaviour,
+    tweak: impl FnOnce(&mut ServeArgs),
+) -> (MockUpstream, PolicyDir, Running) {
+    let upstream = MockUpstream::with(behaviour).await;
     let policy = PolicyDir::seed();
-    let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), tweak).await;
     (upstream, policy, proxy)
 }
 
