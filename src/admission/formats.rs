@@ -52,6 +52,16 @@ pub enum ContentMode {
 }
 
 impl ContentMode {
+    /// Index, among `modes`, of the mode this `Content-Type` selects; 0 (the first, the
+    /// format's default) when it is not among them.
+    pub fn pick(
+        content_type: Option<&[u8]>,
+        modes: impl IntoIterator<Item = ContentMode>,
+    ) -> usize {
+        let want = ContentMode::of(content_type);
+        modes.into_iter().position(|m| m == want).unwrap_or(0)
+    }
+
     /// The mode a `Content-Type` value selects.
     pub fn of(content_type: Option<&[u8]>) -> Self {
         let ct = content_type

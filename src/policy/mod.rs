@@ -220,11 +220,7 @@ impl StreamPolicy {
     /// The mode a body with this `Content-Type` is read in: the format's mode for it, else
     /// the first.
     pub fn read_mode(&self, content_type: Option<&[u8]>) -> &StreamMode {
-        let want = ContentMode::of(content_type);
-        self.modes
-            .iter()
-            .find(|m| m.mode == want)
-            .unwrap_or(&self.modes[0])
+        &self.modes[ContentMode::pick(content_type, self.modes.iter().map(|m| m.mode))]
     }
 }
 
@@ -300,8 +296,7 @@ impl Route {
     /// Index of the mode for this `Content-Type` (CloudEvents has three content modes; every
     /// other format one), for [`Route::mode_at`].
     pub fn mode_index(&self, content_type: Option<&[u8]>) -> usize {
-        let want = ContentMode::of(content_type);
-        self.modes.iter().position(|(m, _)| *m == want).unwrap_or(0)
+        ContentMode::pick(content_type, self.modes.iter().map(|(m, _)| *m))
     }
 
     /// The mode at an index from [`Route::mode_index`] (the first mode if out of range).
