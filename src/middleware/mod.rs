@@ -209,12 +209,14 @@ where
             (i, policy.routes()[i].mode_index(ct))
         });
         let source = route.map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
-        let header_stream = |name: &http::HeaderName| {
+        let header_value = |name: &http::HeaderName| {
             req.headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| policy.stream(v.trim()))
+                .map(str::trim)
         };
+        let header_stream =
+            |name: &http::HeaderName| header_value(name).and_then(|v| policy.stream(v));
         // `None` here: the stream is named in the body, known only once it is read.
         let known: Option<Option<StreamId>> = match source {
             None | Some(StreamSource::DefaultHeader) => {
@@ -222,10 +224,8 @@ where
             }
             Some(StreamSource::Header(h)) => Some(header_stream(h)),
             Some(mapped @ StreamSource::MappedHeader { name, .. }) => Some(
-                req.headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| mapped.map_field(v.trim()))
+                header_value(name)
+                    .and_then(|v| mapped.map_field(v))
                     .and_then(|n| policy.stream(&n)),
             ),
             Some(StreamSource::Fixed(name)) => Some(policy.stream(name)),
