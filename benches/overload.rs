@@ -62,15 +62,6 @@ struct Sec {
     lat_ms: Vec<f64>,
 }
 
-fn band(rank: u8) -> usize {
-    match rank {
-        1..=10 => 0,
-        11..=30 => 1,
-        31..=50 => 2,
-        _ => 3,
-    }
-}
-
 fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
     let sim_events = shedgate::sim::geographic_events(policy, MIX, 20_000, 5);
     sim_events
@@ -84,7 +75,7 @@ fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
             Ev {
                 stream,
                 never: e.never,
-                band: band(e.rank.get()),
+                band: shedgate::sim::band(e.rank),
                 lat: e.lat,
                 lon: e.lon,
             }

@@ -234,7 +234,8 @@ pub struct SimEvent {
 /// low (51–100).
 pub const BANDS: [(u8, u8); 4] = [(1, 10), (11, 30), (31, 50), (51, 100)];
 
-fn band(rank: Rank) -> usize {
+/// The index in [`BANDS`] of the band `rank` falls in.
+pub fn band(rank: Rank) -> usize {
     BANDS
         .iter()
         .position(|(lo, hi)| (*lo..=*hi).contains(&rank.get()))
