@@ -304,6 +304,15 @@ impl Decision {
         Decision {
             verdict: Verdict::Shed(ShedReason::Budget),
             rule: Rule::Budget,
+            ..Decision::unknown_stream(policy, pressure)
+        }
+    }
+
+    /// Where every decision starts: admitted as an unknown stream, at the default rank.
+    fn unknown_stream(policy: &Policy, pressure: Pressure) -> Self {
+        Decision {
+            verdict: Verdict::Admit,
+            rule: Rule::UnknownStream,
             area: None,
             rank: policy.default_rank(),
             probability: 0.0,
@@ -366,16 +375,7 @@ pub fn decide(
     draw: f64,
     load: &Load,
 ) -> Decision {
-    let mut decision = Decision {
-        verdict: Verdict::Admit,
-        rule: Rule::UnknownStream,
-        area: None,
-        rank: policy.default_rank(),
-        probability: 0.0,
-        pressure,
-        age_ms: None,
-        implausible_time: false,
-    };
+    let mut decision = Decision::unknown_stream(policy, pressure);
     let Some(id) = stream else {
         return decision;
     };
