@@ -160,14 +160,7 @@ async fn upstream_down_is_502() {
         assert_eq!(a.json()["status"], 502);
     }
     let m = scrape(&proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_proxy_errors_total",
-            &[("kind", "bad_gateway")]
-        ),
-        2.0
-    );
+    assert_eq!(proxy_errors(&m, "bad_gateway"), 2.0);
 }
 
 #[tokio::test]
@@ -187,14 +180,7 @@ async fn upstream_too_slow_is_504() {
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(a.header("content-type"), Some("application/problem+json"));
     let m = scrape(&proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_proxy_errors_total",
-            &[("kind", "gateway_timeout")]
-        ),
-        1.0
-    );
+    assert_eq!(proxy_errors(&m, "gateway_timeout"), 1.0);
 }
 
 #[tokio::test]
@@ -236,14 +222,7 @@ async fn streamed_body_over_the_limit_is_413() {
         assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{stream}");
     }
     let m = scrape(&proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_proxy_errors_total",
-            &[("kind", "payload_too_large")]
-        ),
-        2.0
-    );
+    assert_eq!(proxy_errors(&m, "payload_too_large"), 2.0);
 }
 
 /// A body of `n` chunks of `size` bytes, without a known length (sent chunked).
@@ -758,22 +737,8 @@ async fn slow_never_stream_body_is_408_not_504() {
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     let m = scrape(&proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_proxy_errors_total",
-            &[("kind", "gateway_timeout")]
-        ),
-        0.0
-    );
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_proxy_errors_total",
-            &[("kind", "body_timeout")]
-        ),
-        1.0
-    );
+    assert_eq!(proxy_errors(&m, "gateway_timeout"), 0.0);
+    assert_eq!(proxy_errors(&m, "body_timeout"), 1.0);
     assert_eq!(
         metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
         0.0

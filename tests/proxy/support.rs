@@ -348,6 +348,11 @@ pub async fn scrape(proxy: &Running) -> String {
     String::from_utf8(a.body.to_vec()).unwrap()
 }
 
+/// `shedgate_proxy_errors_total{kind}` in a scrape.
+pub fn proxy_errors(text: &str, kind: &str) -> f64 {
+    metric(text, "shedgate_proxy_errors_total", &[("kind", kind)])
+}
+
 /// The value of the series `name{labels}` where every `k="v"` in `labels` matches; 0 if
 /// absent.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
