@@ -13,9 +13,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use shedgate::admission::{self, Pressure, UnixMillis};
+use shedgate::admission;
+use shedgate::clock::UnixMillis;
+use shedgate::extract;
+use shedgate::live::PolicyStore;
 use shedgate::metrics::{Metrics, PolicyMetrics};
-use shedgate::policy::{self, PolicyStore};
+use shedgate::policy;
+use shedgate::pressure::Pressure;
 
 /// A 300-byte vehicle position, Berlin, fresh.
 fn body(now: UnixMillis) -> Vec<u8> {
@@ -71,7 +75,7 @@ fn bench(c: &mut Criterion) {
     });
 
     let policy = policy::load_dir(&dir).unwrap().policy;
-    let extractor = admission::Extractor::default();
+    let extractor = extract::Extractor::default();
     c.bench_function("part/extract-3-fields", |b| {
         b.iter(|| black_box(extractor.extract_one(black_box(&body))));
     });
@@ -86,7 +90,7 @@ fn bench(c: &mut Criterion) {
         });
     });
     c.bench_function("part/rfc3339-parse", |b| {
-        b.iter(|| admission::time::parse_time_text(black_box("2026-05-28T20:26:40.250Z")));
+        b.iter(|| extract::time::parse_time_text(black_box("2026-05-28T20:26:40.250Z")));
     });
     c.bench_function("part/arcswap-load-and-stream-lookup", |b| {
         b.iter(|| {
@@ -100,7 +104,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| pm.request(black_box(id), shedgate::metrics::Outcome::Forwarded));
     });
     let curve = policy.curve();
-    let rank = admission::Rank::new(50).unwrap();
+    let rank = policy::Rank::new(50).unwrap();
     c.bench_function("part/curve", |b| {
         b.iter(|| black_box(curve.shed_probability(black_box(rank), black_box(pressure))));
     });

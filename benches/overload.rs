@@ -26,9 +26,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use shedgate::config::{Config, ServeArgs};
-use shedgate::middleware::Sources;
-use shedgate::rejection::Body;
-use shedgate::sim::{ServiceTime, Simulator};
+use shedgate::demo::sim::{ServiceTime, Simulator};
+use shedgate::edge::rejection::Body;
+use shedgate::proxy::Sources;
 use shedgate::upstream::{HostHeader, Proxy};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -42,7 +42,7 @@ const WARM: u64 = 2;
 const OVERLOAD: u64 = 8;
 const AFTER: u64 = 4;
 
-use shedgate::sim::MIX;
+use shedgate::demo::sim::MIX;
 
 #[derive(Clone)]
 struct Ev {
@@ -63,7 +63,7 @@ struct Sec {
 }
 
 fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
-    let sim_events = shedgate::sim::geographic_events(policy, MIX, 20_000, 5);
+    let sim_events = shedgate::demo::sim::geographic_events(policy, MIX, 20_000, 5);
     sim_events
         .into_iter()
         .map(|e| {
@@ -75,7 +75,7 @@ fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
             Ev {
                 stream,
                 never: e.never,
-                band: shedgate::sim::band(e.rank),
+                band: shedgate::demo::sim::band(e.rank),
                 lat: e.lat,
                 lon: e.lon,
             }
@@ -111,7 +111,7 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
                 ev.stream,
                 ev.lat,
                 ev.lon,
-                shedgate::admission::UnixMillis::now(),
+                shedgate::clock::UnixMillis::now(),
             );
             let req = Request::post(url)
                 .header("x-stream", ev.stream)
@@ -202,7 +202,7 @@ async fn start_binary(upstream: &str) -> std::net::SocketAddr {
 }
 
 fn shed() -> Response<Body> {
-    let mut r = Response::new(shedgate::rejection::full(Bytes::new()));
+    let mut r = Response::new(shedgate::edge::rejection::full(Bytes::new()));
     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     r
 }

@@ -14,11 +14,12 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::admission::Pressure;
+use crate::edge::rejection::PROBLEM_JSON;
+use crate::live::PolicyStore;
 use crate::metrics::Metrics;
-use crate::policy::{Area, Class, Mode, PolicyStore, Supersession};
+use crate::policy::{Area, Class, Mode, Supersession};
+use crate::pressure::Pressure;
 use crate::pressure::PressureGauge;
-use crate::rejection::PROBLEM_JSON;
 
 /// What the admin handlers read and change.
 #[derive(Debug, Clone)]
@@ -65,7 +66,7 @@ struct StreamView<'a> {
     mode: Mode,
     enabled: bool,
     stale_after_seconds: f64,
-    format: crate::admission::formats::Format,
+    format: crate::extract::formats::Format,
     /// The first content mode's pointers.
     pointers: serde_json::Value,
     /// Every content mode of the format, with its pointers and time header.
@@ -75,7 +76,7 @@ struct StreamView<'a> {
 #[derive(Serialize)]
 struct RouteView<'a> {
     prefix: &'a str,
-    format: crate::admission::formats::Format,
+    format: crate::extract::formats::Format,
 }
 
 #[derive(Serialize)]
@@ -116,7 +117,7 @@ async fn policy(State(s): State<AdminState>) -> Response {
                 supersession: st.supersession,
                 class: st.class,
                 mode: st.mode,
-                enabled: !st.disabled.active(crate::admission::UnixMillis::now()),
+                enabled: !st.disabled.active(crate::clock::UnixMillis::now()),
                 stale_after_seconds: st.stale_after.as_secs_f64(),
                 format: st.format,
                 pointers: st.extractor().shape().describe(),
@@ -152,9 +153,8 @@ async fn policy(State(s): State<AdminState>) -> Response {
 /// (`swapped` or `unchanged` with the version, 200) or the error (422 problem+json; the
 /// previous policy stays live).
 async fn reload(State(s): State<AdminState>) -> Response {
-    use crate::policy::store::ReloadOutcome;
-    let outcome =
-        crate::policy::reload::reload(&s.store, crate::policy::reload::Trigger::Admin).await;
+    use crate::live::store::ReloadOutcome;
+    let outcome = crate::live::reload::reload(&s.store, crate::live::reload::Trigger::Admin).await;
     match &outcome {
         ReloadOutcome::Failed { live, error } => {
             let mut r = problem(
@@ -176,9 +176,9 @@ async fn reload(State(s): State<AdminState>) -> Response {
 async fn stats(State(s): State<AdminState>) -> Response {
     let snapshot = s.store.load();
     let policy = &snapshot.policy;
-    let now = crate::admission::UnixMillis::now();
+    let now = crate::clock::UnixMillis::now();
     let (streams, classes) = s.metrics.stats.report(now, |name| {
-        if name == crate::metrics::UNKNOWN_STREAM {
+        if name == crate::policy::UNKNOWN_STREAM {
             return Some(crate::policy::Class::Critical.as_str());
         }
         policy
@@ -203,7 +203,7 @@ async fn stats(State(s): State<AdminState>) -> Response {
     Json(serde_json::json!({
         "pressure": pressure.get(),
         "pinned": s.pressure.is_pinned(),
-        "rank_cutoff": crate::admission::Curve::threshold(pressure),
+        "rank_cutoff": crate::policy::Curve::threshold(pressure),
         "inflight": s.pressure.inflight(),
         "streams": streams,
         "classes": classes,

@@ -17,14 +17,15 @@ use tokio::task::JoinHandle;
 use tower::{Service, ServiceBuilder};
 
 use crate::admin::{self, AdminState};
-use crate::admission::Curve;
 use crate::config::Config;
-use crate::framing::{AmbiguousFraming, FramingGuard};
+use crate::edge::framing::{AmbiguousFraming, FramingGuard};
+use crate::edge::rejection::Body;
+use crate::live::PolicyStore;
 use crate::metrics::Metrics;
-use crate::middleware::{AdmissionLayer, AdmissionSettings, Sources};
-use crate::policy::{PolicyError, PolicyStore, Warning};
+use crate::policy::Curve;
+use crate::policy::{PolicyError, Warning};
 use crate::pressure::{PressureGauge, TICK};
-use crate::rejection::Body;
+use crate::proxy::{AdmissionLayer, AdmissionSettings, Sources};
 use crate::upstream::{ClientInfo, Proxy};
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
@@ -175,7 +176,7 @@ pub async fn start(
             tracing::error!(error = %e, "admin listener failed");
         }
     }));
-    tasks.push(crate::policy::reload::spawn(
+    tasks.push(crate::live::reload::spawn(
         Arc::clone(&parts.store),
         config.policy_recheck,
         shutdown_rx.clone(),
@@ -229,10 +230,7 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         last = now;
         upkeep += 1;
         if upkeep.is_multiple_of(20) {
-            m.export_disabled(
-                &parts.store.load().policy,
-                crate::admission::UnixMillis::now(),
-            );
+            m.export_disabled(&parts.store.load().policy, crate::clock::UnixMillis::now());
         }
         if upkeep >= 100 {
             upkeep = 0;

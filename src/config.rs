@@ -321,7 +321,7 @@ impl Config {
             policy_recheck: duration(
                 "policy-recheck",
                 args.policy_recheck.or(file.policy_recheck),
-                crate::policy::reload::RECHECK,
+                crate::live::reload::RECHECK,
             )?,
         })
     }

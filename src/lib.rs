@@ -8,48 +8,58 @@
 //! # Request path
 //!
 //! ```text
-//! client ─► listener (app) ─► Admission (middleware) ─► Proxy (upstream) ─► upstream
-//!                              │ stream → policy snapshot (policy)     ▲
-//!                              │ body facts → decide (admission)       │ latency, in-flight
-//!                              └► shed: rejection (503 + Retry-After)  └─ PressureGauge (pressure)
+//! client ─► edge (framing guard) ─► proxy (Admission) ─► upstream (Proxy) ─► upstream
+//!                                   │ stream → live policy snapshot (live)  ▲
+//!                                   │ body → facts (extract)                │ latency, in-flight
+//!                                   │ facts → decide (admission)            │
+//!                                   └► shed: edge::rejection (503 + Retry-After)
+//!                                                    pressure (PressureGauge) ◄┘
 //! ```
 //!
 //! # Layout
 //!
-//! - [`config`]: process settings (flags and a TOML file), validated into [`config::Config`].
-//! - [`policy`]: the policy files' schema, compilation into an immutable [`policy::Policy`],
-//!   and the [`policy::PolicyStore`] that swaps snapshots atomically.
-//! - [`admission`]: the pure decision — stream class, staleness, area rank, the shed curve.
-//!   Takes `now`, pressure and the random draw as arguments.
-//! - [`pressure`]: the proportional-integral controller turning in-flight count and upstream
-//!   latency into pressure 0..1 (the integral at each tick, the proportional part at each
-//!   decision).
-//! - [`middleware`]: the tower [`middleware::AdmissionLayer`] that gathers inputs, calls
-//!   [`admission::decide`] in `call`, and holds in-flight accounting until the body ends.
+//! Modules in layer order: each one imports only from the modules listed above it.
+//!
+//! - [`clock`]: unix milliseconds, the one place that reads the wall clock.
+//! - [`pressure`]: the [`pressure::Pressure`] value (0..1) and the proportional-integral
+//!   controller turning in-flight count and upstream latency into it (the integral at each
+//!   tick, the proportional part at each decision).
+//! - [`extract`]: reading facts from bodies — JSON pointers, the walk, format presets, event
+//!   times. Knows nothing of policies.
+//! - [`policy`]: the policy model (streams, classes, routes, areas, the shed curve with
+//!   [`policy::Rank`]), the files' schema, and compilation into an immutable
+//!   [`policy::Policy`] with errors that name file, line and field.
+//! - [`admission`]: the pure decision — stream class, staleness, area rank, the shed curve,
+//!   budgets. Takes `now`, pressure and the random draw as arguments.
+//! - [`stats`] and [`metrics`]: the operational summary behind `/stats`, and metric names as
+//!   constants with descriptions and pre-registered handles.
+//! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically, and the
+//!   reload that watches the policy directory.
+//! - [`edge`]: the request-smuggling guard on each connection's raw bytes, and the one place
+//!   where reasons become statuses, `Retry-After` and problem+json.
 //! - [`upstream`]: the pooled proxy client and header hygiene.
-//! - [`rejection`]: the one place where reasons become statuses, `Retry-After` and
-//!   problem+json.
-//! - [`metrics`]: metric names as constants with descriptions, and pre-registered handles.
+//! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the
+//!   service, read, budget, forward), holding in-flight accounting until the body ends.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/reload`,
 //!   `/pressure`, `/stats`).
-//! - [`stats`]: the operational summary behind `/stats`.
+//! - [`config`]: process settings (flags and a TOML file), validated into [`config::Config`].
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
-//! - [`framing`]: the request-smuggling guard on each connection's raw bytes.
-//! - [`demo`]: the self-contained demo (fixed-capacity upstream, proxy, real geography).
-//! - [`sim`]: the upstream simulator and the closed-loop scenario runner.
+//! - [`demo`]: the self-contained demo (fixed-capacity upstream, proxy, real geography) and
+//!   the upstream simulator with the closed-loop scenario runner ([`demo::sim`]).
 
 pub mod admin;
 pub mod admission;
 pub mod app;
+pub mod clock;
 pub mod config;
 pub mod demo;
-pub mod framing;
+pub mod edge;
+pub mod extract;
+pub mod live;
 pub mod metrics;
-pub mod middleware;
 pub mod policy;
 pub mod pressure;
-pub mod rejection;
-pub mod sim;
+pub mod proxy;
 pub mod stats;
 pub mod upstream;
 

@@ -4,10 +4,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use shedgate::admission::{self, Coordinates, EventTime, Facts, Pressure, UnixMillis};
+use shedgate::admission;
+use shedgate::clock::UnixMillis;
 use shedgate::config::{Config, ServeArgs};
+use shedgate::edge::rejection::Explanation;
+use shedgate::extract::{self, Coordinates, EventTime, Facts};
 use shedgate::policy;
-use shedgate::rejection::Explanation;
+use shedgate::pressure::Pressure;
 
 /// HTTP admission-control reverse proxy for geospatial webhook streams.
 #[derive(Debug, Parser)]
@@ -183,7 +186,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             Err(e) => return fail(format!("{}: {e}", path.display())),
         },
         (None, Some(lat), Some(lon)) => Facts {
-            body: admission::BodyState::Unread,
+            body: extract::BodyState::Unread,
             coordinates: Coordinates::new(lat, lon),
             time: EventTime::Missing,
         },
@@ -242,7 +245,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     println!(
         "pressure:    {} (rank threshold {:.1}, band {}, ramp {})",
         e.pressure,
-        admission::Curve::threshold(pressure),
+        policy::Curve::threshold(pressure),
         p.curve().band(),
         p.curve().ramp()
     );

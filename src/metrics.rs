@@ -16,7 +16,7 @@ use metrics_exporter_prometheus::{
 };
 
 use crate::admission::{ShedReason, Verdict};
-use crate::policy::{AreaId, Policy, StreamId};
+use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
 
 /// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
 pub const REQUESTS: &str = "shedgate_requests_total";
@@ -58,11 +58,6 @@ pub const POLICY_LAST_RELOAD: &str = "shedgate_policy_last_reload_timestamp_seco
 /// What is live-disabled: `scope` (`stream` or `class`) and `name`; the value is the unix
 /// time it re-enables itself, `+Inf` when disabled until further notice, 0 when enabled.
 pub const DISABLED_UNTIL: &str = "shedgate_disabled_until_timestamp_seconds";
-
-/// Area label for places no configured area covers.
-pub const UNCONFIGURED_AREA: &str = "unconfigured";
-/// Stream label for streams the policy does not name.
-pub const UNKNOWN_STREAM: &str = "unknown";
 
 /// Every metric: name, kind, unit and description (the README's table is this list).
 pub const CATALOG: &[(&str, &str, &str)] = &[
@@ -355,7 +350,7 @@ impl Metrics {
     }
 
     /// Records a successful policy load of `version` at `now`.
-    pub fn policy_loaded(&self, version: &str, now: crate::admission::UnixMillis) {
+    pub fn policy_loaded(&self, version: &str, now: crate::clock::UnixMillis) {
         self.reload_success.increment(1);
         self.reload_ok.set(1.0);
         #[allow(clippy::cast_precision_loss)]
@@ -379,7 +374,7 @@ impl Metrics {
 
     /// Exports what `policy` disables at `now` ([`DISABLED_UNTIL`]); switches that ended or
     /// left the policy go to 0.
-    pub fn export_disabled(&self, policy: &Policy, now: crate::admission::UnixMillis) {
+    pub fn export_disabled(&self, policy: &Policy, now: crate::clock::UnixMillis) {
         use crate::policy::{Class, Disable};
         let mut live: Vec<((&'static str, String), f64)> = Vec::new();
         #[allow(clippy::cast_precision_loss)]
@@ -417,7 +412,7 @@ impl Metrics {
     }
 
     /// Records a failed policy load at `now`.
-    pub fn policy_reload_failed(&self, now: crate::admission::UnixMillis) {
+    pub fn policy_reload_failed(&self, now: crate::clock::UnixMillis) {
         self.reload_failure.increment(1);
         self.reload_ok.set(0.0);
         #[allow(clippy::cast_precision_loss)]

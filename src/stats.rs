@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::admission::{ShedReason, UnixMillis};
+use crate::admission::ShedReason;
+use crate::clock::UnixMillis;
 
 const REASONS: usize = ShedReason::ALL.len();
 /// Seconds in the short window.

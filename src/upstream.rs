@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 use crate::BoxError;
-use crate::rejection::{Body, Rejection};
+use crate::edge::rejection::{Body, Rejection};
 
 /// The request body type the proxy forwards: buffered bytes or a streamed, limited body.
 pub type ForwardBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;

@@ -1,89 +1,12 @@
 //! The admission decision: a pure function of the policy, the event's facts, `now`, the
 //! pressure and a random draw (PRODUCT.md "Decision rule").
 
-pub mod curve;
-pub mod extract;
-pub mod formats;
-pub mod time;
-
-use std::fmt;
-use std::num::NonZeroU8;
-
 use serde::Serialize;
 
-pub use curve::Curve;
-pub use extract::{
-    BodyFacts, BodyState, Coordinates, EventFacts, EventTime, Extractor, Facts, JsonPointer,
-};
-pub use time::UnixMillis;
-
-use crate::policy::{AreaId, Mode, Policy, StreamId, Supersession};
-
-/// Area rank: an integer in `1..=100`; lower is more important (shed last). PRODUCT.md
-/// "Areas".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(into = "u8")]
-pub struct Rank(NonZeroU8);
-
-impl Rank {
-    /// The default rank of an area nobody configured: 50, mid-range, not lowest (the
-    /// geographic seed's `DEFAULT_AREA_RANK`).
-    pub const DEFAULT: Rank = Rank(NonZeroU8::new(50).unwrap());
-
-    /// `Some` for `1..=100`.
-    pub fn new(rank: u8) -> Option<Self> {
-        NonZeroU8::new(rank).filter(|r| r.get() <= 100).map(Rank)
-    }
-
-    /// The rank as an integer in `1..=100`.
-    pub fn get(self) -> u8 {
-        self.0.get()
-    }
-}
-
-impl From<Rank> for u8 {
-    fn from(r: Rank) -> u8 {
-        r.get()
-    }
-}
-
-impl fmt::Display for Rank {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
-/// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix
-/// (PRODUCT.md "Pressure").
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
-pub struct Pressure(f64);
-
-impl Pressure {
-    /// No pressure.
-    pub const ZERO: Pressure = Pressure(0.0);
-    /// Full pressure: every sheddable event is shed.
-    pub const FULL: Pressure = Pressure(1.0);
-
-    /// `Some` for a value in `[0, 1]` (NaN is `None`).
-    pub fn new(value: f64) -> Option<Self> {
-        (0.0..=1.0).contains(&value).then_some(Pressure(value))
-    }
-
-    /// Clamps into `[0, 1]`; NaN becomes 0 (shed nothing rather than everything).
-    pub fn saturating(value: f64) -> Self {
-        if value.is_nan() {
-            Pressure(0.0)
-        } else {
-            Pressure(value.clamp(0.0, 1.0))
-        }
-    }
-
-    /// The value in `[0, 1]`.
-    pub fn get(self) -> f64 {
-        self.0
-    }
-}
+use crate::clock::UnixMillis;
+use crate::extract::{BodyState, Coordinates, EventFacts, EventTime, Facts};
+use crate::policy::{AreaId, Mode, Policy, Rank, StreamId, Supersession};
+use crate::pressure::Pressure;
 
 /// The rule that decided a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

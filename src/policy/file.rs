@@ -7,8 +7,9 @@ use std::time::Duration;
 use h3o::{CellIndex, Resolution};
 use serde::Deserialize;
 
+use super::Rank;
 use super::{Class, Mode, Supersession};
-use crate::admission::{JsonPointer, Rank};
+use crate::extract::JsonPointer;
 
 /// `streams.toml`.
 #[derive(Debug, Deserialize)]
@@ -63,7 +64,7 @@ pub struct RetryAfterSection {
 /// A time given as RFC 3339 (`2026-12-01T06:00:00Z`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
-pub struct UntilValue(pub crate::admission::UnixMillis);
+pub struct UntilValue(pub crate::clock::UnixMillis);
 
 impl TryFrom<String> for UntilValue {
     type Error = String;
@@ -72,7 +73,7 @@ impl TryFrom<String> for UntilValue {
         time::OffsetDateTime::parse(&text, &time::format_description::well_known::Rfc3339)
             .ok()
             .and_then(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
-            .map(|ms| UntilValue(crate::admission::UnixMillis(ms)))
+            .map(|ms| UntilValue(crate::clock::UnixMillis(ms)))
             .ok_or_else(|| {
                 format!("until must be an RFC 3339 time like 2026-12-01T06:00:00Z, got {text:?}")
             })
@@ -88,7 +89,7 @@ pub struct RouteSection {
     /// Path prefix, starting with `/`.
     pub prefix: String,
     /// Format preset; default `pointers`.
-    pub format: Option<crate::admission::formats::Format>,
+    pub format: Option<crate::extract::formats::Format>,
     /// Every request on this route is of this stream (senders that cannot set headers).
     pub stream: Option<String>,
     /// The stream is this header's value.
@@ -148,7 +149,7 @@ pub struct StreamSection {
     pub time: Option<JsonPointer>,
     /// Format preset of this stream's bodies when the stream comes from a header; default
     /// `pointers`. `lat`, `lon`, `time` override the preset's pointers.
-    pub format: Option<crate::admission::formats::Format>,
+    pub format: Option<crate::extract::formats::Format>,
 }
 
 /// `areas.toml`.

@@ -9,9 +9,10 @@ use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 
-use crate::admission::{Decision, Pressure, ShedReason};
+use crate::admission::{Decision, ShedReason};
 use crate::metrics::ErrorKind;
 use crate::policy::Policy;
+use crate::pressure::Pressure;
 
 /// The response body type of the whole stack.
 pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, crate::BoxError>;
@@ -110,7 +111,7 @@ impl Explanation {
             decision: verdict,
             reason: decision.rule.as_str(),
             would_shed: would,
-            stream: stream.unwrap_or(crate::metrics::UNKNOWN_STREAM).to_owned(),
+            stream: stream.unwrap_or(crate::policy::UNKNOWN_STREAM).to_owned(),
             class: stream
                 .and_then(|s| policy.stream(s))
                 .map_or(crate::policy::Class::Critical, |id| {
@@ -118,7 +119,7 @@ impl Explanation {
                 })
                 .as_str(),
             area: decision.area.map_or_else(
-                || crate::metrics::UNCONFIGURED_AREA.to_owned(),
+                || crate::policy::UNCONFIGURED_AREA.to_owned(),
                 |a| policy.area(a).name.clone(),
             ),
             rank: decision.rank.get(),

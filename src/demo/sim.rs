@@ -23,8 +23,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::admission::{Coordinates, EventTime, Facts, Load, Rank, UnixMillis, Verdict, decide};
-use crate::policy::{Policy, StreamId, Supersession};
+use crate::admission::{Load, Verdict, decide};
+use crate::clock::UnixMillis;
+use crate::extract::{Coordinates, EventTime, Facts};
+use crate::policy::{Policy, Rank, StreamId, Supersession};
 use crate::pressure::{ControllerConfig, PressureGauge, TICK};
 
 /// A service-time distribution.
@@ -338,7 +340,7 @@ pub async fn run_scenario(
             let now_wall =
                 UnixMillis(wall.0 + i64::try_from(start.elapsed().as_millis()).unwrap_or(0));
             let facts = Facts {
-                body: crate::admission::BodyState::Json,
+                body: crate::extract::BodyState::Json,
                 coordinates: Coordinates::Valid {
                     lat: event.lat,
                     lon: event.lon,
@@ -445,11 +447,11 @@ pub fn geographic_events(
     n: usize,
     seed: u64,
 ) -> Vec<SimEvent> {
-    let geography = crate::demo::Geography::embedded();
+    let geography = crate::demo::geography::Geography::embedded();
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..n)
         .map(|_| {
-            let stream = crate::demo::pick_stream(&mut rng, mix);
+            let stream = crate::demo::geography::pick_stream(&mut rng, mix);
             let (place, _) = geography.pick(&mut rng, 0.25);
             let id = policy.stream(stream);
             let never =

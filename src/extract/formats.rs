@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::extract::{JsonPointer, Shape};
+use super::{JsonPointer, Shape};
 
 /// A format preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
@@ -193,9 +193,9 @@ impl Format {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::extract::{Coordinates, EventTime, Extractor};
+    use crate::extract::{Coordinates, EventTime, Extractor};
 
-    fn extract(format: Format, mode: ContentMode, body: &str) -> crate::admission::BodyFacts {
+    fn extract(format: Format, mode: ContentMode, body: &str) -> crate::extract::BodyFacts {
         let (mut shape, stream, _) = format.preset(mode);
         if let PresetStream::Field(p, _) = stream {
             shape.stream = Some(p);

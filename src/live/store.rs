@@ -8,22 +8,22 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::{PolicyError, PolicyFiles, Warning, compile};
-use crate::admission::UnixMillis;
+use crate::clock::UnixMillis;
 use crate::metrics::{Metrics, PolicyMetrics};
+use crate::policy::{Policy, PolicyError, PolicyFiles, Warning, compile};
 
 /// A compiled policy with its metric handles.
 #[derive(Debug)]
 pub struct Snapshot {
     /// The policy.
-    pub policy: super::Policy,
+    pub policy: Policy,
     /// Its metric handles, registered lazily per label set.
     pub metrics: PolicyMetrics,
 }
 
 impl Snapshot {
     /// A policy with its metric handles.
-    pub fn new(metrics: &Arc<Metrics>, policy: super::Policy) -> Self {
+    pub fn new(metrics: &Arc<Metrics>, policy: Policy) -> Self {
         Snapshot {
             metrics: PolicyMetrics::new(metrics, &policy),
             policy,

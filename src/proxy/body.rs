@@ -82,13 +82,13 @@ impl HttpBody for TimedBody {
 /// is dropped (tower-http's in-flight accounting does the same: streaming bodies would
 /// otherwise escape the count).
 pub struct GuardedBody<G = InflightGuard> {
-    inner: crate::rejection::Body,
+    inner: crate::edge::rejection::Body,
     guard: Option<G>,
 }
 
 impl<G> GuardedBody<G> {
     /// Ties `guard` to `inner`.
-    pub fn new(inner: crate::rejection::Body, guard: G) -> Self {
+    pub fn new(inner: crate::edge::rejection::Body, guard: G) -> Self {
         GuardedBody {
             inner,
             guard: Some(guard),

@@ -3,7 +3,45 @@
 
 use std::fmt;
 
-use super::{Pressure, Rank};
+use std::num::NonZeroU8;
+
+use serde::Serialize;
+
+use crate::pressure::Pressure;
+
+/// Area rank: an integer in `1..=100`; lower is more important (shed last). PRODUCT.md
+/// "Areas".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "u8")]
+pub struct Rank(NonZeroU8);
+
+impl Rank {
+    /// The default rank of an area nobody configured: 50, mid-range, not lowest (the
+    /// geographic seed's `DEFAULT_AREA_RANK`).
+    pub const DEFAULT: Rank = Rank(NonZeroU8::new(50).unwrap());
+
+    /// `Some` for `1..=100`.
+    pub fn new(rank: u8) -> Option<Self> {
+        NonZeroU8::new(rank).filter(|r| r.get() <= 100).map(Rank)
+    }
+
+    /// The rank as an integer in `1..=100`.
+    pub fn get(self) -> u8 {
+        self.0.get()
+    }
+}
+
+impl From<Rank> for u8 {
+    fn from(r: Rank) -> u8 {
+        r.get()
+    }
+}
+
+impl fmt::Display for Rank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// Shape of the pressure-shedding curve.
 ///

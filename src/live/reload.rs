@@ -18,8 +18,8 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
-use super::PolicyFiles;
 use super::store::{PolicyStore, ReloadOutcome};
+use crate::policy::PolicyFiles;
 
 /// Quiet time after the last file event before reading.
 pub const DEBOUNCE: Duration = Duration::from_millis(250);

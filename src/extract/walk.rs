@@ -1,0 +1,309 @@
+//! The walk: a serde visitor that descends only along a shape's pointers, captures each
+//! leaf as raw JSON text, and reads it into coordinates, a time or a stream name.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::time::{parse_time_text, parse_unix_number};
+use super::{Coordinates, EventFacts, EventTime, MAX_TIMES, Node, Target};
+use crate::clock::UnixMillis;
+
+#[derive(Default)]
+pub(super) struct EventCaps<'de> {
+    lat: Option<&'de RawValue>,
+    lon: Option<&'de RawValue>,
+    lonlat: Option<&'de RawValue>,
+    time: [Option<&'de RawValue>; MAX_TIMES],
+    stream: Option<&'de RawValue>,
+}
+
+impl<'de> EventCaps<'de> {
+    fn set(&mut self, target: Target, raw: &'de RawValue) {
+        // Duplicate keys: the last one wins, as serde_json and most JSON readers do.
+        match target {
+            Target::Lat => self.lat = Some(raw),
+            Target::Lon => self.lon = Some(raw),
+            Target::LonLat => self.lonlat = Some(raw),
+            Target::Time(i) => {
+                if let Some(slot) = self.time.get_mut(i) {
+                    *slot = Some(raw);
+                }
+            }
+            Target::Stream => self.stream = Some(raw),
+        }
+    }
+
+    pub(super) fn read(&self) -> EventFacts {
+        let coordinates = match (self.lat, self.lon, self.lonlat) {
+            (Some(lat), Some(lon), _) => match (read_number(lat), read_number(lon)) {
+                (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
+                _ => Coordinates::Invalid,
+            },
+            (_, _, Some(pair)) => read_lonlat(pair),
+            (Some(_), None, None) | (None, Some(_), None) => Coordinates::Missing,
+            (None, None, None) => Coordinates::Missing,
+        };
+        let mut time = EventTime::Missing;
+        for raw in self.time.iter().flatten() {
+            match read_time(raw) {
+                Some(at) => {
+                    time = EventTime::At(at);
+                    break;
+                }
+                None => time = EventTime::Invalid,
+            }
+        }
+        EventFacts {
+            coordinates,
+            time,
+            stream: self
+                .stream
+                .and_then(string_content)
+                .map(|s| s.into_owned().into_boxed_str()),
+        }
+    }
+}
+
+pub(super) struct Captures<'de> {
+    /// Index 0: the root event; a batch's elements follow.
+    pub(super) events: Vec<EventCaps<'de>>,
+    pub(super) batch: bool,
+}
+
+/// A GeoJSON position: `[lon, lat]` or `[lon, lat, alt]`, numbers or numeric strings.
+fn read_lonlat(raw: &RawValue) -> Coordinates {
+    match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
+        Ok(items) if items.len() >= 2 => match (read_number(items[0]), read_number(items[1])) {
+            (Some(lon), Some(lat)) => Coordinates::new(lat, lon),
+            _ => Coordinates::Invalid,
+        },
+        _ => Coordinates::Invalid,
+    }
+}
+
+/// The text of a JSON string without its quotes, unescaped only when it has escapes.
+fn string_content(raw: &RawValue) -> Option<std::borrow::Cow<'_, str>> {
+    let text = raw.get();
+    if !text.starts_with('"') {
+        return None;
+    }
+    if !text.contains('\\') {
+        return Some(std::borrow::Cow::Borrowed(&text[1..text.len() - 1]));
+    }
+    serde_json::from_str::<String>(text)
+        .ok()
+        .map(std::borrow::Cow::Owned)
+}
+
+/// A number, or a string holding one ("numbers as strings", a common sender habit).
+fn read_number(raw: &RawValue) -> Option<f64> {
+    let text = raw.get();
+    let first = *text.as_bytes().first()?;
+    if first == b'-' || first.is_ascii_digit() {
+        return text.parse::<f64>().ok();
+    }
+    string_content(raw)?.trim().parse::<f64>().ok()
+}
+
+fn read_time(raw: &RawValue) -> Option<UnixMillis> {
+    let text = raw.get();
+    let first = *text.as_bytes().first()?;
+    if first == b'-' || first.is_ascii_digit() {
+        return parse_unix_number(text.parse::<f64>().ok()?);
+    }
+    parse_time_text(&string_content(raw)?)
+}
+
+macro_rules! ignore_scalars {
+    ($($method:ident: $ty:ty),*) => {
+        $(fn $method<E: de::Error>(self, _: $ty) -> Result<(), E> { Ok(()) })*
+    };
+}
+/// Descends along the pointer tree; everything else is skipped. Captures go to event `at`.
+pub(super) struct Walk<'a, 'de> {
+    pub(super) node: &'a Node,
+    pub(super) at: usize,
+    pub(super) caps: &'a mut Captures<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+/// The value under one matched key or index: a leaf to capture, an events array, or a node
+/// to walk.
+struct Step<'a, 'de> {
+    node: &'a Node,
+    at: usize,
+    caps: &'a mut Captures<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for Step<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        if let Some(target) = self.node.target {
+            let raw = <&'de RawValue as de::Deserialize<'de>>::deserialize(deserializer)?;
+            self.caps.events[self.at].set(target, raw);
+            return Ok(());
+        }
+        if let Some(each) = &self.node.each {
+            return Each {
+                node: each,
+                caps: self.caps,
+            }
+            .deserialize(deserializer);
+        }
+        Walk {
+            node: self.node,
+            at: self.at,
+            caps: self.caps,
+        }
+        .deserialize(deserializer)
+    }
+}
+
+/// An array of events: each element becomes a new event, walked with `node`.
+pub(super) struct Each<'a, 'de> {
+    pub(super) node: &'a Node,
+    pub(super) caps: &'a mut Captures<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for Each<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Each<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of events")
+    }
+
+    // Not an array: no events here.
+    ignore_scalars!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.caps.batch = true;
+        loop {
+            self.caps.events.push(EventCaps::default());
+            let at = self.caps.events.len() - 1;
+            let walk = Walk {
+                node: self.node,
+                at,
+                caps: &mut *self.caps,
+            };
+            if seq.next_element_seed(walk)?.is_none() {
+                self.caps.events.pop();
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Matches an object key against a node's children without allocating.
+struct KeySeed<'a>(&'a Node);
+
+impl<'de, 'a> DeserializeSeed<'de> for KeySeed<'a> {
+    type Value = Option<&'a Node>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de, 'a> Visitor<'de> for KeySeed<'a> {
+    type Value = Option<&'a Node>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self
+            .0
+            .children
+            .iter()
+            .find(|(t, _, _)| t == key)
+            .map(|(_, _, n)| n))
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    // A scalar where the pointer expected an object or array: the fact is simply absent.
+    ignore_scalars!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(child) = map.next_key_seed(KeySeed(self.node))? {
+            match child {
+                Some(child) => map.next_value_seed(Step {
+                    node: child,
+                    at: self.at,
+                    caps: &mut *self.caps,
+                })?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut index = 0usize;
+        loop {
+            let child = self
+                .node
+                .children
+                .iter()
+                .find(|(_, i, _)| *i == Some(index))
+                .map(|(_, _, n)| n);
+            let more = match child {
+                Some(child) => seq
+                    .next_element_seed(Step {
+                        node: child,
+                        at: self.at,
+                        caps: &mut *self.caps,
+                    })?
+                    .is_some(),
+                None => seq.next_element::<IgnoredAny>()?.is_some(),
+            };
+            if !more {
+                return Ok(());
+            }
+            index += 1;
+        }
+    }
+}

@@ -1,0 +1,505 @@
+//! Reading a policy directory and compiling it into a [`Policy`]: validation, defaults,
+//! tiling of regions, and warnings.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::error::{find_key_line, io_error, parse_toml};
+use super::file::{AreasFile, StreamsFile};
+use super::routes::{compile_routes, mode_reading};
+use super::*;
+
+/// A compiled policy and the warnings its compilation produced.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The policy.
+    pub policy: Policy,
+    /// Risky content, in file order.
+    pub warnings: Vec<Warning>,
+}
+
+/// The raw contents of a policy directory: the two TOML files and every region file
+/// `areas.toml` refers to. Its [`PolicyFiles::version`] is the policy's version, so a reload
+/// can tell "unchanged" without compiling (tiling regions can take a while).
+#[derive(Debug, Clone)]
+pub struct PolicyFiles {
+    pub(super) dir: PathBuf,
+    pub(super) streams: String,
+    pub(super) areas: Option<String>,
+    /// Relative path → contents (or the read error, reported by the area that uses it).
+    pub(super) regions: std::collections::BTreeMap<String, Result<String, String>>,
+}
+
+impl PolicyFiles {
+    /// Reads `dir`: `streams.toml` (required), `areas.toml` (optional), and the region files
+    /// `areas.toml` names.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when `streams.toml` is missing or a file cannot be read.
+    pub fn read(dir: &Path) -> Result<Self, PolicyError> {
+        let streams_path = dir.join(STREAMS_FILE);
+        let areas_path = dir.join(AREAS_FILE);
+        let streams =
+            std::fs::read_to_string(&streams_path).map_err(|e| io_error(&streams_path, &e))?;
+        let areas = match std::fs::read_to_string(&areas_path) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_error(&areas_path, &e)),
+        };
+        let mut regions = std::collections::BTreeMap::new();
+        // A loose parse just for the region paths; the real parse reports any error.
+        if let Some(af) = areas
+            .as_deref()
+            .and_then(|t| toml::from_str::<AreasFile>(t).ok())
+        {
+            for path in af.areas.iter().filter_map(|a| a.geojson.as_ref()) {
+                regions.entry(path.0.clone()).or_insert_with(|| {
+                    std::fs::read_to_string(dir.join(&path.0)).map_err(|e| e.to_string())
+                });
+            }
+        }
+        Ok(PolicyFiles {
+            dir: dir.to_owned(),
+            streams,
+            areas,
+            regions,
+        })
+    }
+
+    /// Policy contents given as text (tests, tools), as if read from a directory `p`.
+    pub fn from_texts(streams: &str, areas: Option<&str>) -> Self {
+        PolicyFiles {
+            dir: PathBuf::from("p"),
+            streams: streams.to_owned(),
+            areas: areas.map(str::to_owned),
+            regions: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Content hash: the first 12 hex digits of SHA-256 over each file's name and bytes.
+    /// Equal contents give equal versions.
+    pub fn version(&self) -> String {
+        let mut hasher = Sha256::new();
+        let mut add = |name: &str, text: &str| {
+            hasher.update((name.len() as u64).to_le_bytes());
+            hasher.update(name);
+            hasher.update((text.len() as u64).to_le_bytes());
+            hasher.update(text);
+        };
+        add(STREAMS_FILE, &self.streams);
+        if let Some(areas) = &self.areas {
+            add(AREAS_FILE, areas);
+        }
+        for (path, text) in &self.regions {
+            add(path, text.as_deref().unwrap_or("<unreadable>"));
+        }
+        let digest = hasher.finalize();
+        digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Reads and compiles the policy in `dir`.
+///
+/// # Errors
+/// [`PolicyError`] naming the file (and line and field where it can) for an unreadable or
+/// missing `streams.toml`, a TOML syntax error, an unknown field, a value out of range, or a
+/// cross-field problem (duplicate area names, overlapping pointers, an area without cells or
+/// a region that covers nothing, a disabled `never` stream).
+pub fn load_dir(dir: &Path) -> Result<Compiled, PolicyError> {
+    compile(&PolicyFiles::read(dir)?)
+}
+
+/// Compiles a policy directory's contents.
+///
+/// # Errors
+/// As [`load_dir`].
+pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
+    let streams_path = files.dir.join(STREAMS_FILE);
+    let streams_path = streams_path.as_path();
+    let streams_text = files.streams.as_str();
+    let areas_path = files.dir.join(AREAS_FILE);
+    let mut warnings = Vec::new();
+    let sf: StreamsFile = parse_toml(streams_path, streams_text)?;
+    let af: AreasFile = match &files.areas {
+        Some(text) => parse_toml(&areas_path, text)?,
+        None => {
+            warnings.push(Warning {
+                file: areas_path.clone(),
+                message: "no areas file: every place has the default rank, so pressure sheds \
+                          all areas alike"
+                    .into(),
+            });
+            AreasFile {
+                default_rank: None,
+                areas: Vec::new(),
+            }
+        }
+    };
+
+    let at = |path: &Path, field: String, message: String| PolicyError {
+        location: Location {
+            file: path.to_owned(),
+            line_col: None,
+            field: Some(field),
+        },
+        message,
+    };
+
+    let d = &sf.defaults;
+    let curve = Curve::new(
+        d.band.unwrap_or(Curve::DEFAULT_BAND),
+        d.ramp.unwrap_or(Curve::DEFAULT_RAMP),
+    )
+    .map_err(|e| {
+        let field = match e {
+            crate::policy::curve::CurveError::Band(_) => "defaults.band",
+            crate::policy::curve::CurveError::Ramp(_) => "defaults.ramp",
+        };
+        let mut err = at(streams_path, field.into(), e.to_string());
+        err.location.line_col =
+            find_key_line(streams_text, field.rsplit('.').next().unwrap_or(field));
+        err
+    })?;
+    let default_stale = d.stale_after.map_or(DEFAULT_STALE_AFTER, |v| v.0);
+    let mode = d.mode.unwrap_or(Mode::Enforce);
+    if mode == Mode::Warn {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: "defaults.mode = \"warn\": nothing is shed, only counted as would-shed".into(),
+        });
+    }
+
+    let mut streams = Vec::with_capacity(sf.streams.len());
+    let mut stream_index = HashMap::with_capacity(sf.streams.len());
+    for (name, s) in sf.streams {
+        let field = |f: &str| format!("streams.{name:?}.{f}");
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(at(
+                streams_path,
+                format!("streams.{name:?}"),
+                "a stream name must be non-empty printable ASCII without spaces (it is matched \
+                 against a header value)"
+                    .into(),
+            ));
+        }
+        if name == crate::policy::UNKNOWN_STREAM {
+            return Err(at(
+                streams_path,
+                format!("streams.{name:?}"),
+                format!("stream name {name:?} is reserved for streams the policy does not name"),
+            ));
+        }
+        let enabled = s.enabled.unwrap_or(true);
+        if enabled && s.until.is_some() {
+            return Err(at(
+                streams_path,
+                field("until"),
+                "`until` belongs with `enabled = false` (disabled until then)".into(),
+            ));
+        }
+        let stream_mode = s.mode.unwrap_or(Mode::Enforce);
+        if s.supersession == Supersession::Never {
+            if !enabled {
+                return Err(at(
+                    streams_path,
+                    field("enabled"),
+                    "a `never` stream cannot be disabled: nothing resends its events".into(),
+                ));
+            }
+            if stream_mode == Mode::Warn {
+                warnings.push(Warning {
+                    file: streams_path.to_owned(),
+                    message: format!(
+                        "stream {name:?} is `never` and `mode = \"warn\"`: warn mode has no \
+                         effect on a stream that is never shed"
+                    ),
+                });
+            }
+        }
+        let format = s.format.unwrap_or_default();
+        let mut modes = Vec::new();
+        for &mode in format.modes() {
+            let (shape, _, time_header) =
+                mode_reading(format, mode, s.lat.clone(), s.lon.clone(), s.time.clone());
+            modes.push(StreamMode {
+                mode,
+                extractor: Extractor::new(shape)
+                    .map_err(|e| at(streams_path, field("lat"), e.to_string()))?,
+                time_header: time_header.map(http::HeaderName::from_static),
+            });
+        }
+        let id = StreamId(u32::try_from(streams.len()).unwrap_or(u32::MAX));
+        stream_index.insert(name.clone(), id);
+        streams.push(StreamPolicy {
+            name,
+            supersession: s.supersession,
+            class: s.class.unwrap_or(Class::Important),
+            stale_after: s.stale_after.map_or(default_stale, |v| v.0),
+            mode: stream_mode,
+            disabled: Disable::from_parts(s.enabled, s.until),
+            format,
+            modes,
+        });
+    }
+    if streams.is_empty() {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: "no streams: every stream is unknown, so nothing is ever shed".into(),
+        });
+    } else if streams
+        .iter()
+        .all(|s| s.supersession == Supersession::Never)
+    {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: "no self-superseding stream: nothing is ever shed".into(),
+        });
+    }
+
+    let routes = compile_routes(sf.routes, &stream_index, streams_path, &mut warnings)?;
+    let mut classes = [ClassPolicy::default(); 3];
+    for (class, c) in &sf.classes {
+        let field = |f: &str| format!("classes.{}.{f}", class.as_str());
+        if let Some(b) = c.budget
+            && !(b > 0.0 && b <= 1.0)
+        {
+            return Err(at(
+                streams_path,
+                field("budget"),
+                format!("budget is a share of --max-inflight in (0, 1], got {b}"),
+            ));
+        }
+        if c.wait.is_some() && c.budget.is_none() {
+            return Err(at(
+                streams_path,
+                field("wait"),
+                "`wait` needs a `budget`".into(),
+            ));
+        }
+        if c.enabled.unwrap_or(true) && c.until.is_some() {
+            return Err(at(
+                streams_path,
+                field("until"),
+                "`until` belongs with `enabled = false` (disabled until then)".into(),
+            ));
+        }
+        classes[class.index()] = ClassPolicy {
+            budget: c.budget,
+            wait: c.wait.map(|w| w.0),
+            mode: c.mode,
+            disabled: Disable::from_parts(c.enabled, c.until),
+        };
+        if c.enabled == Some(false)
+            && streams
+                .iter()
+                .any(|s| s.class == *class && s.supersession == Supersession::Never)
+        {
+            warnings.push(Warning {
+                file: streams_path.to_owned(),
+                message: format!(
+                    "class {} is disabled; its `never` streams stay enabled (they are never shed)",
+                    class.as_str()
+                ),
+            });
+        }
+    }
+    let retry_after = match &sf.retry_after {
+        None => RetryAfterPolicy::default(),
+        Some(r) => {
+            let d = RetryAfterPolicy::default();
+            let policy = RetryAfterPolicy {
+                base: r.base.unwrap_or(d.base),
+                max: r.max.unwrap_or(d.max),
+            };
+            if policy.base == 0 || policy.max == 0 || policy.base > policy.max {
+                return Err(at(
+                    streams_path,
+                    "retry_after".into(),
+                    format!(
+                        "retry_after needs 1 <= base <= max (seconds), got base {} max {}",
+                        policy.base, policy.max
+                    ),
+                ));
+            }
+            policy
+        }
+    };
+
+    let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
+    let mut parsed_regions: HashMap<String, geo::Regions> = HashMap::new();
+    let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
+    let mut cells: HashMap<u64, AreaId> = HashMap::new();
+    for (i, a) in af.areas.into_iter().enumerate() {
+        let field = |f: &str| format!("areas[{i}].{f}");
+        let name_ok = !a.name.is_empty()
+            && a.name.len() <= 64
+            && a.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !name_ok {
+            return Err(at(
+                &areas_path,
+                field("name"),
+                format!(
+                    "area name {:?} must be 1..=64 characters of [A-Za-z0-9_.-] (it becomes a \
+                     metric label)",
+                    a.name
+                ),
+            ));
+        }
+        if a.name == crate::policy::UNCONFIGURED_AREA {
+            return Err(at(
+                &areas_path,
+                field("name"),
+                format!(
+                    "area name {:?} is reserved for places no area covers",
+                    a.name
+                ),
+            ));
+        }
+        if areas.iter().any(|b| b.name == a.name) {
+            return Err(at(
+                &areas_path,
+                field("name"),
+                format!("duplicate area name {:?}", a.name),
+            ));
+        }
+        if a.cells.is_empty() && a.geojson.is_none() {
+            return Err(at(
+                &areas_path,
+                field("cells"),
+                format!(
+                    "area {:?} has neither cells nor geojson: it would cover nothing",
+                    a.name
+                ),
+            ));
+        }
+        if a.feature.is_some() && a.geojson.is_none() {
+            return Err(at(
+                &areas_path,
+                field("feature"),
+                "`feature` selects features of a `geojson` file; this area has none".into(),
+            ));
+        }
+        let mut region_cells = Vec::new();
+        if let Some(path) = &a.geojson {
+            let text = match files.regions.get(&path.0) {
+                Some(Ok(text)) => text,
+                Some(Err(e)) => {
+                    return Err(at(
+                        &areas_path,
+                        field("geojson"),
+                        format!("{}: cannot read: {e}", path.0),
+                    ));
+                }
+                None => {
+                    return Err(at(
+                        &areas_path,
+                        field("geojson"),
+                        format!("{}: not read", path.0),
+                    ));
+                }
+            };
+            let regions = match parsed_regions.entry(path.0.clone()) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let parsed = geo::Regions::parse(text).map_err(|err| {
+                        at(&areas_path, field("geojson"), format!("{}: {err}", path.0))
+                    })?;
+                    e.insert(parsed)
+                }
+            };
+            region_cells = geo::tile(regions, a.feature.as_deref()).map_err(|err| {
+                at(
+                    &areas_path,
+                    field("geojson"),
+                    format!("area {:?} from {}: {err}", a.name, path.0),
+                )
+            })?;
+        }
+        let id = AreaId(u32::try_from(i).unwrap_or(u32::MAX));
+        let mut own: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        let mut overlaps: HashMap<AreaId, usize> = HashMap::new();
+        let explicit = a
+            .cells
+            .iter()
+            .flat_map(|spec| spec.0.children(AREA_RESOLUTION));
+        for cell in explicit.chain(region_cells) {
+            let key = u64::from(cell);
+            if !own.insert(key) {
+                continue;
+            }
+            match cells.get(&key).copied() {
+                None => {
+                    cells.insert(key, id);
+                }
+                Some(other) => {
+                    *overlaps.entry(other).or_default() += 1;
+                    // The most important (lowest) rank wins.
+                    if a.rank < areas[other.index()].rank {
+                        cells.insert(key, id);
+                    }
+                }
+            }
+        }
+        let count = own.len();
+        let mut overlaps: Vec<_> = overlaps.into_iter().collect();
+        overlaps.sort_by_key(|(other, _)| other.0);
+        for (other, n) in overlaps {
+            let o = &areas[other.index()];
+            let (winner, rank) = if a.rank < o.rank {
+                (&a.name, a.rank)
+            } else {
+                (&o.name, o.rank)
+            };
+            warnings.push(Warning {
+                file: areas_path.clone(),
+                message: format!(
+                    "areas {:?} and {:?} overlap in {n} cell(s); {winner:?} (rank {rank}) wins \
+                     there",
+                    o.name, a.name
+                ),
+            });
+        }
+        if a.rank.get() == 100 && count > 343 {
+            warnings.push(Warning {
+                file: areas_path.clone(),
+                message: format!(
+                    "area {:?} has rank 100 over {count} cells: it is the first shed anywhere \
+                     pressure rises above 0.5",
+                    a.name
+                ),
+            });
+        }
+        areas.push(Area {
+            name: a.name,
+            rank: a.rank,
+            cells: count,
+        });
+    }
+
+    let version = files.version();
+
+    Ok(Compiled {
+        policy: Policy {
+            version,
+            streams,
+            stream_index,
+            routes,
+            areas,
+            cells,
+            default_rank,
+            curve,
+            mode,
+            stale_status: sf
+                .defaults
+                .stale_status
+                .map_or(http::StatusCode::ACCEPTED, |s| s.0),
+            classes,
+            retry_after,
+        },
+        warnings,
+    })
+}

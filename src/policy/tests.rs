@@ -1,0 +1,174 @@
+//! Compile tests: policy texts in, a compiled policy or an error with its location out.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+fn compile_str(streams: &str, areas: &str) -> Result<Compiled, PolicyError> {
+    compile(&PolicyFiles {
+        dir: PathBuf::from("p"),
+        streams: streams.to_owned(),
+        areas: (!areas.is_empty()).then(|| areas.to_owned()),
+        regions: std::collections::BTreeMap::new(),
+    })
+}
+
+const STREAMS: &str = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+"#;
+
+/// Pointer overrides are relative to the event's data in every content mode: under
+/// `/data` in CloudEvents structured and batched mode, the body in binary mode; an
+/// explicit `time` pointer wins over `ce-time`.
+#[test]
+fn cloudevents_overrides_are_relative_to_the_data() {
+    let streams = r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+format = "cloudevents"
+lat = "/position/lat"
+lon = "/position/lon"
+time = "/position/at"
+
+[[routes]]
+prefix = "/ce"
+format = "cloudevents"
+lat = "/position/lat"
+lon = "/position/lon"
+"#;
+    let c = compile_str(streams, "").unwrap();
+    let route = &c.policy.routes()[0];
+    let id = c.policy.stream("vehicle.position").unwrap();
+    let stream = c.policy.stream_policy(id);
+    for (content_type, lat) in [
+        (None, "/position/lat"),
+        (Some("application/cloudevents+json"), "/data/position/lat"),
+        (
+            Some("application/cloudevents-batch+json"),
+            "/data/position/lat",
+        ),
+    ] {
+        let ct = content_type.map(str::as_bytes);
+        let r = route.mode_at(route.mode_index(ct));
+        assert_eq!(
+            r.extractor.shape().describe()["lat"],
+            lat,
+            "{content_type:?}"
+        );
+        let m = stream.read_mode(ct);
+        assert_eq!(
+            m.extractor.shape().describe()["lat"],
+            lat,
+            "{content_type:?}"
+        );
+        // The stream names its time pointer: ce-time does not override it.
+        assert!(m.time_header.is_none(), "{content_type:?}");
+    }
+    // The route names no time pointer: binary mode keeps ce-time.
+    let binary = route.mode_at(route.mode_index(None));
+    assert_eq!(
+        binary.time_header.as_ref().map(http::HeaderName::as_str),
+        Some("ce-time")
+    );
+}
+
+#[test]
+fn a_stream_map_that_nothing_would_use_is_refused() {
+    for source in [
+        "stream = \"vehicle.position\"",
+        "stream_header = \"x-kind\"",
+    ] {
+        let streams = format!(
+            "{STREAMS}\n[[routes]]\nprefix = \"/ce\"\nformat = \"cloudevents\"\n{source}\n\
+             stream_map = {{ a = \"vehicle.position\" }}\n"
+        );
+        let e = compile_str(&streams, "").unwrap_err();
+        assert_eq!(
+            e.location.field.as_deref(),
+            Some("routes[0].stream_map"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let e = compile_str(STREAMS, "[[areas]]\nname = \"x\"\nrank = 0\ncells = []\n").unwrap_err();
+    assert_eq!(e.location.file, Path::new("p/areas.toml"));
+    assert_eq!(e.location.line_col.map(|l| l.0), Some(3));
+    assert_eq!(e.location.field.as_deref(), Some("areas[0].rank"));
+    assert!(e.message.contains("1..=100"), "{e}");
+
+    let e = compile_str("[streams.a]\nsupersession = \"sometimes\"\n", "").unwrap_err();
+    assert_eq!(e.location.line_col.map(|l| l.0), Some(2));
+    assert!(e.to_string().contains("supersession"), "{e}");
+
+    let e = compile_str("[streams.a]\nsupersession = \"never\"\ncolour = 1\n", "").unwrap_err();
+    assert!(e.message.contains("unknown field"), "{e}");
+    assert_eq!(e.location.line_col.map(|l| l.0), Some(3));
+
+    let e = compile_str("[streams.a\n", "").unwrap_err();
+    assert_eq!(e.location.line_col.map(|l| l.0), Some(1));
+}
+
+#[test]
+fn finer_cells_are_refused_and_coarser_cells_expand() {
+    // Resolution 5 (finer): refused.
+    let fine = "851f1d4bfffffff";
+    let e = compile_str(
+        STREAMS,
+        &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{fine}\"]\n"),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("resolution 5"), "{e}");
+    // Resolution 3: seven resolution-4 children.
+    let coarse = LatLng::new(52.52, 13.405)
+        .unwrap()
+        .to_cell(Resolution::Three);
+    let c = compile_str(
+        STREAMS,
+        &format!("[[areas]]\nname=\"x\"\nrank=5\ncells=[\"{coarse}\"]\n"),
+    )
+    .unwrap();
+    assert_eq!(c.policy.cell_count(), 7);
+    assert_eq!(c.policy.area_at(52.52, 13.405).1.get(), 5);
+}
+
+#[test]
+fn overlaps_take_the_lowest_rank_and_warn() {
+    let berlin = LatLng::new(52.52, 13.405)
+        .unwrap()
+        .to_cell(Resolution::Four);
+    let areas = format!(
+        "[[areas]]\nname=\"a\"\nrank=30\ncells=[\"{berlin}\"]\n[[areas]]\nname=\"b\"\nrank=5\ncells=[\"{berlin}\"]\n"
+    );
+    let c = compile_str(STREAMS, &areas).unwrap();
+    assert_eq!(c.policy.area_at(52.52, 13.405).1.get(), 5);
+    assert!(c.warnings.iter().any(|w| w.message.contains("overlap")));
+}
+
+#[test]
+fn never_stream_cannot_be_disabled() {
+    let e = compile_str(
+        "[streams.a]\nsupersession = \"never\"\nenabled = false\n",
+        "",
+    )
+    .unwrap_err();
+    assert!(e.message.contains("cannot be disabled"), "{e}");
+}
+
+#[test]
+fn version_is_a_content_hash() {
+    let a = compile_str(STREAMS, "").unwrap().policy;
+    let b = compile_str(STREAMS, "").unwrap().policy;
+    let c = compile_str(STREAMS, "default_rank = 40\n").unwrap().policy;
+    assert_eq!(a.version(), b.version());
+    assert_ne!(a.version(), c.version());
+}
+
+#[test]
+fn empty_file_is_an_error() {
+    let e = compile_str("", "").unwrap_err();
+    assert!(e.message.contains("empty"));
+}

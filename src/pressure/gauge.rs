@@ -1,0 +1,170 @@
+//! The gauge: the shared, lock-free front the request path reads and feeds, ticked by one
+//! task.
+
+use std::num::NonZeroU32;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
+use super::{ControllerConfig, Pressure};
+
+/// Bits of a packed latency window's sum (microseconds; the count is in the bits above):
+/// 2^44 µs is 203 days of summed latency per tick, 2^20 samples per tick 20 million per
+/// second. One `AtomicU64` holds both, so a tick never reads a count without its sum.
+pub(super) const LATENCY_SUM_BITS: u32 = 44;
+/// Bits of a packed in-flight window's sum (the count is in the 24 bits above).
+const OBSERVED_SUM_BITS: u32 = 40;
+
+pub(super) fn unpack(word: u64, sum_bits: u32) -> (u64, u64) {
+    (word >> sum_bits, word & ((1 << sum_bits) - 1))
+}
+
+/// Bits of an unpinned [`PressureGauge::pinned`] value (NaN never equals a valid pin).
+const UNPINNED: u64 = f64::NAN.to_bits();
+
+/// The shared pressure: the request path reads it and feeds it lock-free; one task ticks it.
+#[derive(Debug)]
+pub struct PressureGauge {
+    controller: Mutex<Controller>,
+    max_inflight: NonZeroU32,
+    inflight: AtomicU32,
+    /// Packed [`LatencyWindow`] (see [`LATENCY_SUM_BITS`]).
+    latency: AtomicU64,
+    /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]).
+    observed: AtomicU64,
+    output: ArcSwap<Output>,
+    pinned: AtomicU64,
+}
+
+/// `GET /pressure`'s answer.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct PressureView {
+    /// The pressure decisions use now: the pin if pinned, else the computed value.
+    pub value: f64,
+    /// Whether an operator pinned it.
+    pub pinned: bool,
+    /// Requests in flight now.
+    pub inflight: u32,
+    /// The controller's inputs and state.
+    pub controller: ControllerState,
+}
+
+impl PressureGauge {
+    /// A gauge at rest.
+    pub fn new(config: ControllerConfig) -> Self {
+        PressureGauge {
+            controller: Mutex::new(Controller::new(config)),
+            max_inflight: config.max_inflight,
+            inflight: AtomicU32::new(0),
+            latency: AtomicU64::new(0),
+            observed: AtomicU64::new(0),
+            output: ArcSwap::from_pointee(Output::default()),
+            pinned: AtomicU64::new(UNPINNED),
+        }
+    }
+
+    fn computed(&self, inflight: u32) -> f64 {
+        self.output.load().pressure(inflight, self.max_inflight)
+    }
+
+    fn pin_value(&self) -> Option<Pressure> {
+        let pinned = f64::from_bits(self.pinned.load(Ordering::Relaxed));
+        (!pinned.is_nan()).then(|| Pressure::saturating(pinned))
+    }
+
+    /// The pressure now: the pin if pinned, else the controller's output at the current
+    /// in-flight count. For reports; decisions use [`PressureGauge::admission_pressure`].
+    pub fn pressure(&self) -> Pressure {
+        self.pin_value()
+            .unwrap_or_else(|| Pressure::saturating(self.computed(self.inflight())))
+    }
+
+    /// The pressure an admission decision uses now, as [`PressureGauge::pressure`]; also
+    /// records the in-flight count this arrival saw, for the next tick's mean.
+    pub fn admission_pressure(&self) -> Pressure {
+        let inflight = self.inflight();
+        let sum = u64::from(inflight).min((1 << OBSERVED_SUM_BITS) - 1);
+        self.observed
+            .fetch_add((1 << OBSERVED_SUM_BITS) | sum, Ordering::Relaxed);
+        self.pin_value()
+            .unwrap_or_else(|| Pressure::saturating(self.computed(inflight)))
+    }
+
+    /// Pins pressure (drills, tests); `None` unpins.
+    pub fn pin(&self, value: Option<Pressure>) {
+        let bits = value.map_or(UNPINNED, |p| p.get().to_bits());
+        self.pinned.store(bits, Ordering::Relaxed);
+    }
+
+    /// Whether pressure is pinned.
+    pub fn is_pinned(&self) -> bool {
+        self.pin_value().is_some()
+    }
+
+    /// Counts a request as in flight until the returned guard drops.
+    pub fn start(self: &std::sync::Arc<Self>) -> InflightGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        InflightGuard {
+            gauge: std::sync::Arc::clone(self),
+        }
+    }
+
+    /// Requests in flight now.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Records an upstream latency sample (a response the upstream itself gave, not a 5xx;
+    /// or a timeout, as a sample as slow as the timeout).
+    pub fn record_latency(&self, latency: Duration) {
+        // One sample is capped at 2^40 µs (12.7 days), far above any timeout.
+        let us = u64::try_from(latency.as_micros())
+            .unwrap_or(u64::MAX)
+            .min((1 << 40) - 1);
+        self.latency
+            .fetch_add((1 << LATENCY_SUM_BITS) | us, Ordering::Relaxed);
+    }
+
+    /// Updates the controller with what was observed since the last tick; returns the
+    /// pressure at the current in-flight count.
+    pub fn tick(&self, now: Instant) -> f64 {
+        let (count, sum_us) = unpack(self.latency.swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
+        let (seen, sum) = unpack(self.observed.swap(0, Ordering::Relaxed), OBSERVED_SUM_BITS);
+        let latency = LatencyWindow { count, sum_us };
+        let observed = InflightWindow { count: seen, sum };
+        let inflight = self.inflight();
+        let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+        let out = c.update(now, inflight, observed, latency);
+        self.output.store(std::sync::Arc::new(out));
+        out.pressure(inflight, self.max_inflight)
+    }
+
+    /// Everything `GET /pressure` shows.
+    pub fn view(&self) -> PressureView {
+        let inflight = self.inflight();
+        let c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+        PressureView {
+            value: self.pressure().get(),
+            pinned: self.is_pinned(),
+            inflight,
+            controller: c.state(inflight),
+        }
+    }
+}
+
+/// One in-flight request; dropping it ends it.
+#[derive(Debug)]
+pub struct InflightGuard {
+    gauge: std::sync::Arc<PressureGauge>,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.gauge.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,89 @@
+//! The pressure controller: upstream in-flight count and latency in, pressure in `[0, 1]`
+//! out (PRODUCT.md "Pressure").
+//!
+//! [`Controller`] is the pure state machine (time is an argument); [`PressureGauge`] is the
+//! shared, lock-free front the request path uses, ticked by one task.
+//!
+//! # The loop
+//!
+//! Shedding changes the load the controller measures, so the controller is a feedback loop
+//! whose plant is the upstream's queue. A queue integrates the difference between the
+//! admitted rate and the upstream's capacity, so a controller that is proportional only
+//! settles with an offset that grows with the overload (the more must be shed, the longer
+//! the queue that pays for it: 91% goodput and a 114 ms p99 at 10x in this crate's first
+//! version), and one that is integral only oscillates (two integrators in a ring). This one
+//! is proportional-integral, like CoDel's and Vector's controllers in spirit:
+//!
+//! - the **integral** `b` (the shedding effort, in load-index units) rises while the upstream
+//!   holds a standing queue *and* its latency is over the target, and falls otherwise, so
+//!   that in steady overload in-flight settles at [`SETPOINT`] times `max_inflight`
+//!   whatever the overload factor;
+//! - the **proportional** part acts on the in-flight count at the moment of each decision,
+//!   not at the last tick: a step to 10x fills a queue in milliseconds, long before a 50 ms
+//!   tick could react, and this term is what keeps the onset from overshooting;
+//! - below capacity, `base` (utilisation and latency, at most 1) says how close the upstream
+//!   is to full: `p = 0.5` exactly when it is fully used or at its latency target and no
+//!   shedding effort is needed (PRODUCT.md: "0.5 means at comfortable capacity, coping").
+//!
+//! Nothing is learned that could go stale: the latency reference is the operator's target,
+//! not a measured minimum RTT that could ratchet up or drift (FIELD-NOTES "Pressure
+//! controllers"). An upstream that a deploy made slower than the target does not shed on its
+//! own: shedding also needs a standing queue (Netflix Gradient2's "app-limited" guard in
+//! another form), so a slow upstream at light load is left alone, and a slow upstream under
+//! load is held at its real capacity.
+
+mod controller;
+mod gauge;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use controller::{
+    Controller, ControllerState, ENGAGED_EFFORT, ERROR_CLAMP, FULL_CONFIDENCE_RATE, INTEGRAL_GAIN,
+    InflightWindow, LATENCY_DECAY_TAU, LATENCY_TAU, LatencyWindow, MAX_EFFORT, Output,
+    PROPORTIONAL_GAIN, REST_MARGIN, SETPOINT, TICK, UTILISATION_TAU,
+};
+pub use gauge::{InflightGuard, PressureGauge, PressureView};
+
+/// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
+/// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix
+/// (PRODUCT.md "Pressure").
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
+pub struct Pressure(f64);
+
+impl Pressure {
+    /// No pressure.
+    pub const ZERO: Pressure = Pressure(0.0);
+    /// Full pressure: every sheddable event is shed.
+    pub const FULL: Pressure = Pressure(1.0);
+
+    /// `Some` for a value in `[0, 1]` (NaN is `None`).
+    pub fn new(value: f64) -> Option<Self> {
+        (0.0..=1.0).contains(&value).then_some(Pressure(value))
+    }
+
+    /// Clamps into `[0, 1]`; NaN becomes 0 (shed nothing rather than everything).
+    pub fn saturating(value: f64) -> Self {
+        if value.is_nan() {
+            Pressure(0.0)
+        } else {
+            Pressure(value.clamp(0.0, 1.0))
+        }
+    }
+
+    /// The value in `[0, 1]`.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+/// Controller settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// The upstream's comfortable concurrency: in-flight requests at which it is fully used.
+    pub max_inflight: NonZeroU32,
+    /// The upstream latency (to response headers) considered "at target".
+    pub latency_target: Duration,
+}

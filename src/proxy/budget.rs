@@ -1,0 +1,159 @@
+//! Class budgets: requests in flight per priority class, the check that a `never` request
+//! of a capped class must wait, the wait for a reserved place, and the 503 when it runs out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use http::Response;
+
+use super::Shared;
+use crate::admission::{Load, ShedReason, Verdict};
+use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::live::store::Snapshot;
+use crate::metrics::Outcome;
+use crate::policy::{Class, StreamId};
+
+/// Requests in flight per class; wakes `never` requests waiting for room under a cap.
+#[derive(Debug, Default)]
+pub struct ClassLoad {
+    inflight: [AtomicU32; 3],
+    room: tokio::sync::Notify,
+}
+
+impl ClassLoad {
+    /// The load the budgets see, given the total in flight and the capacity.
+    pub fn load(&self, total: u32, capacity: u32) -> Load {
+        Load {
+            class_inflight: std::array::from_fn(|i| self.inflight[i].load(Ordering::Relaxed)),
+            total,
+            capacity,
+        }
+    }
+
+    pub(super) fn start(self: &Arc<Self>, class: Class) -> ClassGuard {
+        self.inflight[class.index()].fetch_add(1, Ordering::Relaxed);
+        ClassGuard {
+            load: Arc::clone(self),
+            class,
+        }
+    }
+}
+
+/// One request in flight in a class; dropping it ends it and wakes waiters.
+#[derive(Debug)]
+pub(super) struct ClassGuard {
+    load: Arc<ClassLoad>,
+    class: Class,
+}
+
+impl Drop for ClassGuard {
+    fn drop(&mut self) {
+        self.load.inflight[self.class.index()].fetch_sub(1, Ordering::Relaxed);
+        self.load.room.notify_waiters();
+    }
+}
+
+/// Whether a `never` request of `class` must get a place under the class cap first.
+pub(super) fn capped(shared: &Shared, policy: &crate::policy::Policy, class: Class) -> bool {
+    let cap = policy.class(class);
+    cap.wait.is_some() && shared.load().over_budget(class, cap)
+}
+
+/// A `never` request of a capped class over its budget: in warn mode (global or the class's)
+/// it is counted as a would-shed and goes through; otherwise it waits for a reserved place
+/// (`Ok`) or, when the wait runs out, gets its 503 answer (`Err`).
+pub(super) async fn hold_for_room(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    stream: Option<StreamId>,
+    class: Class,
+) -> Result<Option<ClassGuard>, Response<Body>> {
+    let policy = &snapshot.policy;
+    let warn = policy.mode() == crate::policy::Mode::Warn
+        || policy.class(class).mode == Some(crate::policy::Mode::Warn);
+    if warn {
+        snapshot
+            .metrics
+            .shed(stream, None, Verdict::WouldShed(ShedReason::Budget));
+        return Ok(None);
+    }
+    match wait_for_room(shared, policy, class).await {
+        Ok(guard) => Ok(Some(guard)),
+        Err(()) => Err(cap_exceeded(shared, snapshot, stream)),
+    }
+}
+
+impl Shared {
+    /// Takes a place in `class` if it is under its budget or capacity is idle: the check and
+    /// the increment are one atomic step on the class count.
+    fn try_reserve(&self, class: Class, cap: &crate::policy::ClassPolicy) -> Option<ClassGuard> {
+        let limit = cap.limit(self.settings.capacity).unwrap_or(u32::MAX);
+        let count = &self.classes.inflight[class.index()];
+        let mut current = count.load(Ordering::Relaxed);
+        loop {
+            if current >= limit && self.pressure.inflight() >= self.settings.capacity {
+                return None;
+            }
+            match count.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(ClassGuard {
+                        load: Arc::clone(&self.classes),
+                        class,
+                    });
+                }
+                Err(seen) => current = seen,
+            }
+        }
+    }
+}
+
+/// A `never` request whose class is capped (`budget` with `wait`) and over its budget waits
+/// for room, up to the class's `wait`, and takes it by reserving a place in the class count
+/// (so one freed place lets one waiter in, not all of them). `Err`: the wait ran out, and
+/// the request is answered 503 + `Retry-After` (reason `budget`) — never dropped silently:
+/// the sender keeps the event and retries.
+async fn wait_for_room(
+    shared: &Shared,
+    policy: &crate::policy::Policy,
+    class: Class,
+) -> Result<ClassGuard, ()> {
+    let cap = policy.class(class);
+    let deadline = tokio::time::Instant::now() + cap.wait.unwrap_or_default();
+    loop {
+        let notified = shared.classes.room.notified();
+        if let Some(guard) = shared.try_reserve(class, cap) {
+            return Ok(guard);
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return shared.try_reserve(class, cap).ok_or(());
+        }
+    }
+}
+
+/// A capped `never` class stayed over its budget for the whole wait: 503 + `Retry-After`.
+fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) -> Response<Body> {
+    let policy = &snapshot.policy;
+    let now = (shared.sources.clock)();
+    let pressure = shared.pressure.pressure();
+    let decision = crate::admission::Decision::cap_exceeded(policy, pressure);
+    let m = &snapshot.metrics;
+    m.shed(stream, None, decision.verdict);
+    m.request(stream, Outcome::Shed);
+    m.counts(stream).shed(ShedReason::Budget, now);
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    tracing::warn!(
+        stream = name.unwrap_or(crate::policy::UNKNOWN_STREAM),
+        class = policy.class_of(stream).as_str(),
+        "capped class stayed over its budget for its whole wait: 503, the sender retries"
+    );
+    Rejection::Shed {
+        explanation: Explanation::new(policy, name, &decision),
+        retry_after: retry_after(pressure, (shared.sources.draw)(), policy.retry_after()),
+    }
+    .into_response()
+}

@@ -1,0 +1,110 @@
+//! Forwarding: a body that streams through unread, in-flight accounting held until the
+//! response body ends, and the upstream's outcome turned into a pressure sample and counts.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Limited};
+use tower::{Service, ServiceExt};
+
+use super::Shared;
+use super::body::{GuardedBody, TimedBody};
+use super::budget::ClassGuard;
+use crate::BoxError;
+use crate::edge::rejection::{Body, Rejection};
+use crate::live::store::Snapshot;
+use crate::metrics::Outcome;
+use crate::policy::StreamId;
+use crate::upstream::{ForwardBody, UpstreamOutcome};
+
+/// A request whose body streams to the upstream unread, bounded in size and time.
+pub(super) fn stream_through<B>(shared: &Shared, req: Request<B>) -> Request<ForwardBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    let progress = crate::upstream::BodyProgress::default();
+    parts.extensions.insert(progress.clone());
+    let limit = usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX);
+    let body = TimedBody::new(
+        Limited::new(body, limit).boxed_unsync(),
+        shared.settings.body_read_timeout,
+        progress,
+    )
+    .boxed_unsync();
+    Request::from_parts(parts, body)
+}
+
+/// Forwards an admitted request, counting it in flight until its response body ends.
+pub(super) async fn forward<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    snapshot: Arc<Snapshot>,
+    stream: Option<StreamId>,
+    req: Request<ForwardBody>,
+    reserved: Option<ClassGuard>,
+) -> Response<Body>
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    let class = snapshot.policy.class_of(stream);
+    let counts = snapshot.metrics.counts(stream);
+    counts.accepted((shared.sources.clock)());
+    let guard = (
+        shared.pressure.start(),
+        reserved.unwrap_or_else(|| shared.classes.start(class)),
+        counts.start(),
+    );
+    // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
+    // generic future directly trips rustc's higher-ranked `Send` inference.
+    let call: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>> =
+        Box::pin(inner.oneshot(req));
+    let response = match call.await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let m = &snapshot.metrics;
+    match response.extensions().get::<UpstreamOutcome>() {
+        Some(UpstreamOutcome::Answered { latency }) => {
+            // An upstream 5xx is often fast (a failing dependency, a 503 of its own) and
+            // says nothing about how long served requests take: not a latency sample.
+            if !response.status().is_server_error() {
+                shared.pressure.record_latency(*latency);
+            }
+            m.global().observe_latency(*latency);
+            m.request(stream, Outcome::Forwarded);
+        }
+        Some(UpstreamOutcome::TimedOut { after }) => {
+            // A timeout is overload: it counts as a sample at least as slow as the timeout.
+            shared.pressure.record_latency(*after);
+            m.global()
+                .proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
+            m.request(stream, Outcome::UpstreamError);
+        }
+        Some(UpstreamOutcome::Failed(kind)) => {
+            m.global().proxy_error(*kind);
+            m.request(stream, kind.outcome());
+        }
+        None => m.request(stream, Outcome::UpstreamError),
+    }
+    response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
+}
+
+/// Answers a request the proxy refuses before forwarding, counting it.
+pub(super) fn reject(
+    snapshot: &Snapshot,
+    stream: Option<StreamId>,
+    rejection: Rejection,
+) -> Response<Body> {
+    if let Some(kind) = rejection.error_kind() {
+        snapshot.metrics.global().proxy_error(kind);
+    }
+    snapshot.metrics.request(stream, Outcome::Rejected);
+    rejection.into_response()
+}

@@ -1,0 +1,50 @@
+//! The layer: configuration only, shared by every service it builds.
+
+use std::sync::Arc;
+
+use tower::Layer;
+
+use super::budget::ClassLoad;
+use super::service::Admission;
+use super::{AdmissionSettings, Shared, Sources};
+use crate::extract::Extractor;
+use crate::live::PolicyStore;
+use crate::pressure::PressureGauge;
+
+/// Wraps a proxy service with admission control.
+#[derive(Debug, Clone)]
+pub struct AdmissionLayer {
+    shared: Arc<Shared>,
+}
+
+impl AdmissionLayer {
+    /// A layer deciding with the live policy in `store` and the pressure in `pressure`.
+    pub fn new(
+        store: Arc<PolicyStore>,
+        pressure: Arc<PressureGauge>,
+        settings: AdmissionSettings,
+        sources: Sources,
+    ) -> Self {
+        AdmissionLayer {
+            shared: Arc::new(Shared {
+                store,
+                pressure,
+                settings,
+                sources,
+                default_extractor: Extractor::default(),
+                classes: Arc::new(ClassLoad::default()),
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for AdmissionLayer {
+    type Service = Admission<S>;
+
+    fn layer(&self, inner: S) -> Admission<S> {
+        Admission {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}

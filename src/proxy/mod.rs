@@ -1,0 +1,88 @@
+//! The admission middleware: a tower layer that decides in `call` (never in `poll_ready`:
+//! readiness-based shedding misfires under axum and on idle keep-alive connections), forwards
+//! what it admits, and keeps in-flight accounting until the response body ends.
+//!
+//! It only gathers inputs — the stream, a policy snapshot, the body's facts, the pressure,
+//! the clock, a random draw — and calls [`decide`](crate::admission::decide); the rule itself
+//! lives in [`crate::admission`].
+//!
+//! One stage per file, in request order (as tower splits `limit` into layer, service and
+//! future): `layer.rs` (configuration), `service.rs` (framing and stream resolution, then the
+//! branch), `read.rs` (a sheddable body read and decided), `budget.rs` (class budgets and the
+//! capped wait), `forward.rs` (in-flight accounting and the upstream call), `future.rs` (the
+//! response future), and `body.rs` (the body wrappers).
+
+mod body;
+mod budget;
+mod forward;
+mod future;
+mod layer;
+mod read;
+mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
+
+pub use body::{GuardedBody, TimedBody};
+pub use budget::ClassLoad;
+pub use future::ResponseFuture;
+pub use layer::AdmissionLayer;
+pub use service::Admission;
+
+use crate::admission::Load;
+use crate::clock::UnixMillis;
+use crate::extract::Extractor;
+use crate::live::PolicyStore;
+use crate::pressure::PressureGauge;
+
+/// Request-path settings of the middleware.
+#[derive(Debug, Clone)]
+pub struct AdmissionSettings {
+    /// Header carrying the stream name (default `X-Stream`).
+    pub stream_header: HeaderName,
+    /// Body size limit, bytes.
+    pub max_body: u64,
+    /// Time allowed to receive the whole request body.
+    pub body_read_timeout: Duration,
+    /// The upstream's in-flight capacity (`--max-inflight`), which class budgets share.
+    pub capacity: u32,
+}
+
+/// Inputs the decision takes from outside, injectable for tests.
+#[derive(Debug, Clone, Copy)]
+pub struct Sources {
+    /// The wall clock, for staleness.
+    pub clock: fn() -> UnixMillis,
+    /// Uniform random draws in `[0, 1)`.
+    pub draw: fn() -> f64,
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources {
+            clock: UnixMillis::now,
+            draw: fastrand::f64,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Arc<PolicyStore>,
+    pressure: Arc<PressureGauge>,
+    settings: AdmissionSettings,
+    sources: Sources,
+    /// For bodies read on a route whose stream turned out unknown.
+    default_extractor: Extractor,
+    /// In flight per class, for budgets.
+    classes: Arc<ClassLoad>,
+}
+
+impl Shared {
+    fn load(&self) -> Load {
+        self.classes
+            .load(self.pressure.inflight(), self.settings.capacity)
+    }
+}

@@ -1,0 +1,211 @@
+//! Reading a sheddable body: bounded in size and time, its facts extracted, the request's
+//! stream and facts summarised, then the decision, and the answer or the forward.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use tower::Service;
+
+use super::Shared;
+use super::budget::{capped, hold_for_room};
+use super::forward::{forward, reject};
+use crate::BoxError;
+use crate::admission::{ShedReason, Verdict, decide, summarise};
+use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::extract::time::parse_time_text;
+use crate::extract::{BodyState, Coordinates, EventFacts, EventTime, Facts};
+use crate::live::store::Snapshot;
+use crate::metrics::{Fact, Outcome};
+use crate::policy::{StreamId, Supersession};
+use crate::upstream::ForwardBody;
+
+/// How to read a request whose body must be read: its route and mode (indices into the
+/// snapshot's policy), and its stream if known before the body.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Read {
+    pub(super) route: Option<(usize, usize)>,
+    pub(super) known: Option<Option<StreamId>>,
+}
+
+/// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
+/// forwards or answers.
+pub(super) async fn admit_sheddable<S, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    snapshot: Arc<Snapshot>,
+    read_as: Read,
+    req: Request<B>,
+) -> Response<Body>
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let settings = &shared.settings;
+    let stream = read_as.known.flatten();
+    let (parts, body) = req.into_parts();
+    let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
+    let read = tokio::time::timeout(
+        settings.body_read_timeout,
+        Limited::new(body, limit).collect(),
+    );
+    let bytes = match read.await {
+        Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            let rejection = Rejection::PayloadTooLarge {
+                limit: settings.max_body,
+            };
+            return reject(&snapshot, stream, rejection);
+        }
+        Ok(Err(e)) => {
+            let rejection = Rejection::BadRequest(format!("request body: {e}"));
+            return reject(&snapshot, stream, rejection);
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+
+    let policy = &snapshot.policy;
+    let mode = read_as
+        .route
+        .map(|(i, j)| policy.routes()[i].mode_at(j))
+        .filter(|m| !m.stream_pointers);
+    let (extractor, time_header) = match (mode, stream) {
+        (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
+        (None, Some(id)) => {
+            let content_type = parts.headers.get(http::header::CONTENT_TYPE);
+            let m = policy
+                .stream_policy(id)
+                .read_mode(content_type.map(http::HeaderValue::as_bytes));
+            (&m.extractor, m.time_header.as_ref())
+        }
+        (None, None) => (&shared.default_extractor, None),
+    };
+    let mut body_facts = extractor.extract(&bytes);
+    // CloudEvents binary mode: the time is an attribute header, not in the data.
+    if let Some(h) = time_header
+        && let Some(at) = parts
+            .headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_time_text)
+    {
+        for e in &mut body_facts.events {
+            e.time = EventTime::At(at);
+        }
+    }
+    let source = read_as
+        .route
+        .map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
+    // Each event's stream: known before the body, or named in the body (mapped by the route).
+    let stream_of = |e: &EventFacts| match (read_as.known, source) {
+        (Some(known), _) => known,
+        (None, Some(source)) => e
+            .stream
+            .as_deref()
+            .and_then(|v| source.map_field(v))
+            .and_then(|n| policy.stream(&n)),
+        (None, None) => None,
+    };
+    let (stream, facts) = if body_facts.events.is_empty() {
+        let no_facts = Facts {
+            body: body_facts.body,
+            coordinates: Coordinates::Missing,
+            time: EventTime::Missing,
+        };
+        (stream, no_facts)
+    } else {
+        summarise(policy, body_facts.body, &body_facts.events, stream_of)
+    };
+    let m = &snapshot.metrics;
+    let sheddable = stream
+        .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
+    if sheddable {
+        if facts.body == BodyState::NotJson {
+            m.unreadable(stream, Fact::Body);
+        }
+        if !matches!(facts.coordinates, Coordinates::Valid { .. }) {
+            m.unreadable(stream, Fact::Coordinates);
+        }
+        if !matches!(facts.time, EventTime::At(_)) {
+            m.unreadable(stream, Fact::Time);
+        }
+    }
+    let pressure = shared.pressure.admission_pressure();
+    let now = (shared.sources.clock)();
+    let decision = decide(
+        policy,
+        stream,
+        &facts,
+        now,
+        pressure,
+        (shared.sources.draw)(),
+        &shared.load(),
+    );
+    m.shed(stream, decision.area, decision.verdict);
+    if decision.implausible_time {
+        m.unreadable(stream, Fact::ImplausibleTime);
+    }
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    tracing::debug!(
+        stream = name.unwrap_or(crate::policy::UNKNOWN_STREAM),
+        verdict = ?decision.verdict,
+        rule = decision.rule.as_str(),
+        rank = decision.rank.get(),
+        probability = decision.probability,
+        pressure = pressure.get(),
+        policy_version = policy.version(),
+        "admission decision"
+    );
+    match decision.verdict {
+        Verdict::Shed(reason) => {
+            let explanation = Explanation::new(policy, name, &decision);
+            let rejection = if reason == ShedReason::Stale {
+                Rejection::Stale {
+                    explanation,
+                    status: policy.stale_status(),
+                }
+            } else {
+                let secs = retry_after(pressure, (shared.sources.draw)(), policy.retry_after());
+                Rejection::Shed {
+                    explanation,
+                    retry_after: secs,
+                }
+            };
+            m.request(stream, Outcome::Shed);
+            m.counts(stream).shed(reason, now);
+            rejection.into_response()
+        }
+        Verdict::Admit | Verdict::WouldShed(_) => {
+            let body = Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            // A `never` (or unknown) stream named in the body meets its class cap here, as
+            // one named in a header does before its body is read.
+            let mut reserved = None;
+            let never = matches!(
+                decision.rule,
+                crate::admission::Rule::NeverShed | crate::admission::Rule::UnknownStream
+            );
+            let class = policy.class_of(stream);
+            if never && capped(&shared, policy, class) {
+                match hold_for_room(&shared, &snapshot, stream, class).await {
+                    Ok(guard) => reserved = guard,
+                    Err(response) => return response,
+                }
+            }
+            forward(
+                shared.clone(),
+                inner,
+                Arc::clone(&snapshot),
+                stream,
+                Request::from_parts(parts, body),
+                reserved,
+            )
+            .await
+        }
+    }
+}

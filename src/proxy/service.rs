@@ -1,0 +1,155 @@
+//! The service: the framing check and the stream's resolution (route, header, or the body
+//! to come), then the branch between a sheddable body that is read and decided and a
+//! `never` or unknown stream that streams through.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::CONTENT_LENGTH;
+use http::{Request, Response};
+use tower::Service;
+
+use super::Shared;
+use super::budget::{capped, hold_for_room};
+use super::forward::{forward, reject, stream_through};
+use super::future::ResponseFuture;
+use super::read::{Read, admit_sheddable};
+use crate::BoxError;
+use crate::edge::rejection::{Body, Rejection};
+use crate::policy::{StreamId, StreamSource, Supersession};
+use crate::upstream::ForwardBody;
+
+/// The admission service.
+#[derive(Debug, Clone)]
+pub struct Admission<S> {
+    pub(super) inner: S,
+    pub(super) shared: Arc<Shared>,
+}
+
+// === impl Admission ===
+
+impl<S, B> Service<Request<B>> for Admission<S>
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Always ready: admission is decided per request in `call`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> ResponseFuture {
+        let shared = Arc::clone(&self.shared);
+        let inner = self.inner.clone();
+        let snapshot = shared.store.load();
+        let flagged = req
+            .extensions()
+            .get::<crate::edge::framing::AmbiguousFraming>();
+        if let Some(why) = flagged
+            .map(|f| f.0.clone())
+            .or_else(|| ambiguous_framing(req.headers()))
+        {
+            return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
+        }
+        // The route (a path prefix) says how to read the request; without one, the stream
+        // header and the stream's own pointers.
+        let policy = &snapshot.policy;
+        let route = policy.route_index(req.uri().path()).map(|i| {
+            let ct = req
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .map(|v| v.as_bytes());
+            (i, policy.routes()[i].mode_index(ct))
+        });
+        let source = route.map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
+        let header_value = |name: &http::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        };
+        let header_stream =
+            |name: &http::HeaderName| header_value(name).and_then(|v| policy.stream(v));
+        // `None` here: the stream is named in the body, known only once it is read.
+        let known: Option<Option<StreamId>> = match source {
+            None | Some(StreamSource::DefaultHeader) => {
+                Some(header_stream(&shared.settings.stream_header))
+            }
+            Some(StreamSource::Header(h)) => Some(header_stream(h)),
+            Some(mapped @ StreamSource::MappedHeader { name, .. }) => Some(
+                header_value(name)
+                    .and_then(|v| mapped.map_field(v))
+                    .and_then(|n| policy.stream(&n)),
+            ),
+            Some(StreamSource::Fixed(name)) => Some(policy.stream(name)),
+            Some(StreamSource::Field { .. }) => None,
+        };
+        let stream = known.flatten();
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > shared.settings.max_body) {
+            // Refused before reading a byte.
+            let rejection = Rejection::PayloadTooLarge {
+                limit: shared.settings.max_body,
+            };
+            return ResponseFuture::ready(reject(&snapshot, stream, rejection));
+        }
+        let sheddable = match known {
+            None => true,
+            Some(stream) => stream.is_some_and(|id| {
+                policy.stream_policy(id).supersession == Supersession::SelfSuperseding
+            }),
+        };
+        if sheddable {
+            let read = Read { route, known };
+            ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, read, req))
+        } else {
+            // `never` and unknown streams: the body is not parsed or buffered; it streams
+            // through, still bounded in size and time.
+            let class = snapshot.policy.class_of(stream);
+            if capped(&shared, &snapshot.policy, class) {
+                return ResponseFuture::boxed(async move {
+                    match hold_for_room(&shared, &snapshot, stream, class).await {
+                        Ok(reserved) => {
+                            // The body deadline starts after the wait, not before it.
+                            let req = stream_through(&shared, req);
+                            forward(shared, inner, snapshot, stream, req, reserved).await
+                        }
+                        Err(response) => response,
+                    }
+                });
+            }
+            let req = stream_through(&shared, req);
+            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req, None))
+        }
+    }
+}
+
+/// The framing rule ([`crate::edge::framing::judge_framing`]) on the parsed headers. hyper has
+/// already refused a final coding other than `chunked` and dropped a `Content-Length` that
+/// came with `Transfer-Encoding`; what is still ambiguous here is refused.
+fn ambiguous_framing(headers: &http::HeaderMap) -> Option<String> {
+    let te: Vec<&[u8]> = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .map(http::HeaderValue::as_bytes)
+        .collect();
+    if te.is_empty() {
+        return None;
+    }
+    crate::edge::framing::judge_framing(&te, headers.contains_key(CONTENT_LENGTH))
+}
