@@ -45,6 +45,7 @@ fn bench(c: &mut Criterion) {
     let body = body(now);
     assert_eq!(body.len(), 300);
     let pressure = Pressure::new(0.75).unwrap();
+    let headers = http::HeaderMap::new();
 
     // The whole decision as the middleware takes it (minus the socket and body collection).
     c.bench_function("decision/full", |b| {
@@ -52,11 +53,11 @@ fn bench(c: &mut Criterion) {
             let snapshot = store.load();
             let policy = &snapshot.policy;
             let stream = policy.stream(black_box("vehicle.position"));
-            let body = policy
-                .stream_policy(stream.unwrap())
-                .extractor()
-                .extract(black_box(&body));
-            let (stream, facts) = admission::summarise(policy, body.body, &body.events, |_| stream);
+            let reading = admission::Reading {
+                route: None,
+                known: Some(stream),
+            };
+            let (stream, facts) = admission::assess(policy, reading, &headers, black_box(&body));
             let d = admission::decide(
                 policy,
                 stream,

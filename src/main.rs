@@ -170,19 +170,22 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     let now = UnixMillis::now();
     let mut facts = match (&args.body, args.lat, args.lon) {
         (Some(path), _, _) => match std::fs::read(path) {
-            Ok(bytes) => match stream {
-                Some(id) => {
-                    let content_type = args.content_type.as_deref().map(str::as_bytes);
-                    let mode = p.stream_policy(id).read_mode(content_type);
-                    let body = mode.extractor.extract(&bytes);
-                    if body.events.is_empty() {
-                        Facts::UNREAD
-                    } else {
-                        admission::summarise(p, body.body, &body.events, |_| Some(id)).1
+            Ok(bytes) => {
+                let mut headers = http::HeaderMap::new();
+                if let Some(ct) = &args.content_type {
+                    match http::HeaderValue::from_str(ct) {
+                        Ok(v) => {
+                            headers.insert(http::header::CONTENT_TYPE, v);
+                        }
+                        Err(e) => return fail(format!("--content-type: {e}")),
                     }
                 }
-                None => Facts::UNREAD,
-            },
+                let reading = admission::Reading {
+                    route: None,
+                    known: Some(stream),
+                };
+                admission::assess(p, reading, &headers, &bytes).1
+            }
             Err(e) => return fail(format!("{}: {e}", path.display())),
         },
         (None, Some(lat), Some(lon)) => Facts {

@@ -1,7 +1,11 @@
 //! The admission decision: a pure function of the policy, the event's facts, `now`, the
 //! pressure and a random draw (PRODUCT.md "Decision rule").
 
+mod assess;
+
 use serde::Serialize;
+
+pub use assess::{Reading, assess};
 
 use crate::clock::UnixMillis;
 use crate::extract::{BodyState, Coordinates, EventFacts, EventTime, Facts};

@@ -7,7 +7,6 @@ use tower::Layer;
 use super::budget::ClassLoad;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared, Sources};
-use crate::extract::Extractor;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
 
@@ -31,7 +30,6 @@ impl AdmissionLayer {
                 pressure,
                 settings,
                 sources,
-                default_extractor: Extractor::default(),
                 classes: Arc::new(ClassLoad::default()),
             }),
         }

@@ -33,7 +33,6 @@ pub use service::Admission;
 
 use crate::admission::Load;
 use crate::clock::UnixMillis;
-use crate::extract::Extractor;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
 
@@ -74,8 +73,6 @@ struct Shared {
     pressure: Arc<PressureGauge>,
     settings: AdmissionSettings,
     sources: Sources,
-    /// For bodies read on a route whose stream turned out unknown.
-    default_extractor: Extractor,
     /// In flight per class, for budgets.
     classes: Arc<ClassLoad>,
 }

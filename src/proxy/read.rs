@@ -13,22 +13,13 @@ use super::Shared;
 use super::budget::{capped, hold_for_room};
 use super::forward::{forward, reject};
 use crate::BoxError;
-use crate::admission::{ShedReason, Verdict, decide, summarise};
+use crate::admission::{Reading, ShedReason, Verdict, assess, decide};
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
-use crate::extract::time::parse_time_text;
-use crate::extract::{BodyState, Coordinates, EventFacts, EventTime, Facts};
+use crate::extract::{BodyState, Coordinates, EventTime};
 use crate::live::store::Snapshot;
 use crate::metrics::{Fact, Outcome};
-use crate::policy::{StreamId, Supersession};
+use crate::policy::Supersession;
 use crate::upstream::ForwardBody;
-
-/// How to read a request whose body must be read: its route and mode (indices into the
-/// snapshot's policy), and its stream if known before the body.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Read {
-    pub(super) route: Option<(usize, usize)>,
-    pub(super) known: Option<Option<StreamId>>,
-}
 
 /// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
 /// forwards or answers.
@@ -36,7 +27,7 @@ pub(super) async fn admit_sheddable<S, B>(
     shared: Arc<Shared>,
     inner: S,
     snapshot: Arc<Snapshot>,
-    read_as: Read,
+    read_as: Reading,
     req: Request<B>,
 ) -> Response<Body>
 where
@@ -69,57 +60,7 @@ where
     };
 
     let policy = &snapshot.policy;
-    let mode = read_as
-        .route
-        .map(|(i, j)| policy.routes()[i].mode_at(j))
-        .filter(|m| !m.stream_pointers);
-    let (extractor, time_header) = match (mode, stream) {
-        (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
-        (None, Some(id)) => {
-            let content_type = parts.headers.get(http::header::CONTENT_TYPE);
-            let m = policy
-                .stream_policy(id)
-                .read_mode(content_type.map(http::HeaderValue::as_bytes));
-            (&m.extractor, m.time_header.as_ref())
-        }
-        (None, None) => (&shared.default_extractor, None),
-    };
-    let mut body_facts = extractor.extract(&bytes);
-    // CloudEvents binary mode: the time is an attribute header, not in the data.
-    if let Some(h) = time_header
-        && let Some(at) = parts
-            .headers
-            .get(h)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_time_text)
-    {
-        for e in &mut body_facts.events {
-            e.time = EventTime::At(at);
-        }
-    }
-    let source = read_as
-        .route
-        .map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
-    // Each event's stream: known before the body, or named in the body (mapped by the route).
-    let stream_of = |e: &EventFacts| match (read_as.known, source) {
-        (Some(known), _) => known,
-        (None, Some(source)) => e
-            .stream
-            .as_deref()
-            .and_then(|v| source.map_field(v))
-            .and_then(|n| policy.stream(&n)),
-        (None, None) => None,
-    };
-    let (stream, facts) = if body_facts.events.is_empty() {
-        let no_facts = Facts {
-            body: body_facts.body,
-            coordinates: Coordinates::Missing,
-            time: EventTime::Missing,
-        };
-        (stream, no_facts)
-    } else {
-        summarise(policy, body_facts.body, &body_facts.events, stream_of)
-    };
+    let (stream, facts) = assess(policy, read_as, &parts.headers, &bytes);
     let m = &snapshot.metrics;
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);

@@ -15,8 +15,9 @@ use super::Shared;
 use super::budget::{capped, hold_for_room};
 use super::forward::{forward, reject, stream_through};
 use super::future::ResponseFuture;
-use super::read::{Read, admit_sheddable};
+use super::read::admit_sheddable;
 use crate::BoxError;
+use crate::admission::Reading;
 use crate::edge::rejection::{Body, Rejection};
 use crate::policy::{StreamId, StreamSource, Supersession};
 use crate::upstream::ForwardBody;
@@ -115,7 +116,7 @@ where
             }),
         };
         if sheddable {
-            let read = Read { route, known };
+            let read = Reading { route, known };
             ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, read, req))
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams

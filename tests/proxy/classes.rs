@@ -164,7 +164,10 @@ async fn warn_mode_counts_exactly_what_enforce_sheds() {
 
 #[test]
 fn disable_until_switches_at_the_boundary() {
-    use shedgate::admission::{Facts, Load, Pressure, UnixMillis, Verdict, decide};
+    use shedgate::admission::{Load, Verdict, decide};
+    use shedgate::clock::UnixMillis;
+    use shedgate::extract::Facts;
+    use shedgate::pressure::Pressure;
     let streams = format!(
         "{SEED_STREAMS}\n[streams.\"debug.trace\"]\nsupersession = \"self-superseding\"\nenabled = false\nuntil = \"2026-12-01T06:00:00Z\"\n"
     );

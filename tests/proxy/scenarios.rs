@@ -6,12 +6,12 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shedgate::pressure::ControllerConfig;
-use shedgate::sim::{
+use shedgate::demo::sim::{
     Figures, Phase, Scenario, Second, ServiceTime, Simulator, geographic_events, run_scenario,
 };
+use shedgate::pressure::ControllerConfig;
 
-use shedgate::sim::MIX;
+use shedgate::demo::sim::MIX;
 
 const WORKERS: u32 = 8;
 const SERVICE_MS: u64 = 20;
@@ -49,7 +49,7 @@ async fn run_events(
     phases: Vec<Phase>,
     seed: u64,
     policy: &Arc<shedgate::policy::Policy>,
-    events: &[shedgate::sim::SimEvent],
+    events: &[shedgate::demo::sim::SimEvent],
 ) -> (Vec<Second>, f64) {
     let sim = Simulator::new(WORKERS, service, phases, seed);
     let scenario = Scenario {
@@ -369,7 +369,7 @@ async fn all_traffic_in_one_priority_area_is_still_held_full() {
     let (_, rank) = policy.area_at(lat, lon);
     assert_eq!(rank.get(), 5);
     let events = vec![
-        shedgate::sim::SimEvent {
+        shedgate::demo::sim::SimEvent {
             stream,
             never: false,
             lat,

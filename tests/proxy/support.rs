@@ -17,7 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use shedgate::app::Running;
 use shedgate::config::{Config, ServeArgs};
-use shedgate::middleware::Sources;
+use shedgate::proxy::Sources;
 use tokio::net::TcpListener;
 
 /// What the mock upstream saw of one request.

@@ -1,0 +1,186 @@
+//! Assessment: a request's body and headers read into the one stream and the facts that
+//! [`decide`](super::decide) takes. Written once, for the proxy, `shedgate explain` and the
+//! decision bench.
+
+use std::sync::LazyLock;
+
+use http::HeaderMap;
+use http::header::CONTENT_TYPE;
+
+use super::summarise;
+use crate::extract::time::parse_time_text;
+use crate::extract::{Coordinates, EventFacts, EventTime, Extractor, Facts};
+use crate::policy::{Policy, StreamId};
+
+/// What is known of a request before its body is read: the route that matched and its content
+/// mode, and the stream when a header, the route or the caller named it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reading {
+    /// The matched route and its content mode, as indices into the policy's routes (see
+    /// [`Policy::route_index`] and [`crate::policy::Route::mode_index`]); `None` when no
+    /// route matched.
+    pub route: Option<(usize, usize)>,
+    /// `Some(stream)`: known before the body (`Some(None)`: a stream the policy does not
+    /// name, or none); `None`: each event names its stream in the body.
+    pub known: Option<Option<StreamId>>,
+}
+
+/// The pointers of a stream nobody classified (`/lat`, `/lon`, `/occurred_at`), for bodies
+/// read on a route whose stream turned out unknown.
+static DEFAULT_EXTRACTOR: LazyLock<Extractor> = LazyLock::new(Extractor::default);
+
+/// Reads `body` as `reading` and the policy say, and reduces its events to the request's
+/// stream and facts (see [`summarise`] for batches).
+///
+/// - The extractor is the route mode's (unless the route only names the stream), else the
+///   known stream's mode for the request's `Content-Type`, else the default pointers.
+/// - A mode's time header (CloudEvents binary mode's `ce-time`) gives every event's time.
+/// - Each event's stream is the known one, or the one its body names, mapped through the
+///   route's stream source.
+/// - A body without events (an empty batch) has no coordinates and no time.
+///
+/// Never fails: what cannot be read is reported in the facts.
+pub fn assess(
+    policy: &Policy,
+    reading: Reading,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (Option<StreamId>, Facts) {
+    let stream = reading.known.flatten();
+    let mode = reading
+        .route
+        .map(|(i, j)| policy.routes()[i].mode_at(j))
+        .filter(|m| !m.stream_pointers);
+    let (extractor, time_header) = match (mode, stream) {
+        (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
+        (None, Some(id)) => {
+            let content_type = headers.get(CONTENT_TYPE);
+            let m = policy
+                .stream_policy(id)
+                .read_mode(content_type.map(http::HeaderValue::as_bytes));
+            (&m.extractor, m.time_header.as_ref())
+        }
+        (None, None) => (&*DEFAULT_EXTRACTOR, None),
+    };
+    let mut body_facts = extractor.extract(body);
+    // CloudEvents binary mode: the time is an attribute header, not in the data.
+    if let Some(h) = time_header
+        && let Some(at) = headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_time_text)
+    {
+        for e in &mut body_facts.events {
+            e.time = EventTime::At(at);
+        }
+    }
+    let source = reading
+        .route
+        .map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
+    // Each event's stream: known before the body, or named in the body (mapped by the route).
+    let stream_of = |e: &EventFacts| match (reading.known, source) {
+        (Some(known), _) => known,
+        (None, Some(source)) => e
+            .stream
+            .as_deref()
+            .and_then(|v| source.map_field(v))
+            .and_then(|n| policy.stream(&n)),
+        (None, None) => None,
+    };
+    if body_facts.events.is_empty() {
+        let no_facts = Facts {
+            body: body_facts.body,
+            coordinates: Coordinates::Missing,
+            time: EventTime::Missing,
+        };
+        (stream, no_facts)
+    } else {
+        summarise(policy, body_facts.body, &body_facts.events, stream_of)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::UnixMillis;
+    use crate::extract::BodyState;
+    use crate::policy::PolicyFiles;
+
+    fn policy() -> Policy {
+        let files = PolicyFiles::from_texts(
+            r#"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+
+[streams."geofence.transition"]
+supersession = "never"
+
+[[routes]]
+prefix = "/ingest/ce"
+format = "cloudevents"
+"#,
+            None,
+        );
+        crate::policy::compile(&files).unwrap().policy
+    }
+
+    fn route(policy: &Policy, content_type: &str) -> Reading {
+        let i = policy.route_index("/ingest/ce").unwrap();
+        let j = policy.routes()[i].mode_index(Some(content_type.as_bytes()));
+        Reading {
+            route: Some((i, j)),
+            known: None,
+        }
+    }
+
+    #[test]
+    fn a_known_stream_is_read_with_its_own_pointers() {
+        let p = policy();
+        let id = p.stream("vehicle.position");
+        let reading = Reading {
+            route: None,
+            known: Some(id),
+        };
+        let body = br#"{"lat":52.52,"lon":13.405,"occurred_at":1780000000}"#;
+        let (stream, facts) = assess(&p, reading, &HeaderMap::new(), body);
+        assert_eq!(stream, id);
+        assert_eq!(facts.coordinates, Coordinates::new(52.52, 13.405));
+        assert_eq!(facts.time, EventTime::At(UnixMillis(1_780_000_000_000)));
+    }
+
+    #[test]
+    fn a_batch_with_one_never_event_is_that_stream() {
+        let p = policy();
+        let body = br#"[
+            {"type":"vehicle.position","time":"2026-05-28T20:26:40Z","data":{"lat":1,"lon":2}},
+            {"type":"geofence.transition","time":"2026-05-28T20:26:40Z","data":{"lat":1,"lon":2}}
+        ]"#;
+        let reading = route(&p, "application/cloudevents-batch+json");
+        let (stream, _) = assess(&p, reading, &HeaderMap::new(), body);
+        assert_eq!(stream, p.stream("geofence.transition"));
+    }
+
+    #[test]
+    fn binary_mode_takes_the_time_from_its_header() {
+        let p = policy();
+        let mut headers = HeaderMap::new();
+        headers.insert("ce-time", "2026-05-28T20:26:40Z".parse().unwrap());
+        let reading = Reading {
+            known: Some(p.stream("vehicle.position")),
+            ..route(&p, "application/json")
+        };
+        let (_, facts) = assess(&p, reading, &headers, br#"{"lat":1,"lon":2}"#);
+        assert_eq!(facts.time, EventTime::At(UnixMillis(1_780_000_000_000)));
+    }
+
+    #[test]
+    fn an_empty_batch_has_no_facts_but_its_body_state() {
+        let p = policy();
+        let reading = route(&p, "application/cloudevents-batch+json");
+        let (stream, facts) = assess(&p, reading, &HeaderMap::new(), b"[]");
+        assert_eq!(stream, None);
+        assert_eq!(facts.body, BodyState::Json);
+        assert_eq!(facts.coordinates, Coordinates::Missing);
+        assert_eq!(facts.time, EventTime::Missing);
+    }
+}
