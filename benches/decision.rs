@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use shedgate::admission;
-use shedgate::clock::UnixMillis;
+use shedgate::clock::{Sources, UnixMillis};
 use shedgate::extract;
 use shedgate::live::PolicyStore;
 use shedgate::metrics::{Metrics, PolicyMetrics};
@@ -40,8 +40,9 @@ fn body(now: UnixMillis) -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
     let metrics = Arc::new(Metrics::new());
-    let (store, _) = PolicyStore::open(&dir, Arc::clone(&metrics)).unwrap();
-    let now = UnixMillis::now();
+    let sources = Sources::system();
+    let (store, _) = PolicyStore::open(&dir, Arc::clone(&metrics), sources.clone()).unwrap();
+    let now = sources.now();
     let body = body(now);
     assert_eq!(body.len(), 300);
     let pressure = Pressure::new(0.75).unwrap();

@@ -25,10 +25,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use shedgate::clock::Sources;
 use shedgate::config::{Config, ServeArgs};
 use shedgate::demo::sim::{ServiceTime, Simulator};
 use shedgate::edge::rejection::Body;
-use shedgate::proxy::Sources;
 use shedgate::upstream::{HostHeader, Proxy};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -111,7 +111,7 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
                 ev.stream,
                 ev.lat,
                 ev.lon,
-                shedgate::clock::UnixMillis::now(),
+                Sources::system().now(),
             );
             let req = Request::post(url)
                 .header("x-stream", ev.stream)

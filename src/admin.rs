@@ -100,6 +100,7 @@ async fn policy(State(s): State<AdminState>) -> Response {
     let snapshot = s.store.load();
     let status = s.store.status();
     let p = &snapshot.policy;
+    let now = s.store.sources().now();
     let view = PolicyView {
         version: p.version(),
         directory: s.store.dir().display().to_string(),
@@ -117,7 +118,7 @@ async fn policy(State(s): State<AdminState>) -> Response {
                 supersession: st.supersession,
                 class: st.class,
                 mode: st.mode,
-                enabled: !st.disabled.active(crate::clock::UnixMillis::now()),
+                enabled: !st.disabled.active(now),
                 stale_after_seconds: st.stale_after.as_secs_f64(),
                 format: st.format,
                 pointers: st.extractor().shape().describe(),
@@ -176,7 +177,7 @@ async fn reload(State(s): State<AdminState>) -> Response {
 async fn stats(State(s): State<AdminState>) -> Response {
     let snapshot = s.store.load();
     let policy = &snapshot.policy;
-    let now = crate::clock::UnixMillis::now();
+    let now = s.store.sources().now();
     let (streams, classes) = s.metrics.stats.report(now, |name| {
         if name == crate::policy::UNKNOWN_STREAM {
             return Some(crate::policy::Class::Critical.as_str());

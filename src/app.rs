@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tower::{Service, ServiceBuilder};
 
 use crate::admin::{self, AdminState};
+use crate::clock::Sources;
 use crate::config::Config;
 use crate::edge::framing::{AmbiguousFraming, FramingGuard};
 use crate::edge::rejection::Body;
@@ -25,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::policy::Curve;
 use crate::policy::{PolicyError, Warning};
 use crate::pressure::{PressureGauge, TICK};
-use crate::proxy::{AdmissionLayer, AdmissionSettings, Sources};
+use crate::proxy::{AdmissionLayer, AdmissionSettings};
 use crate::upstream::{ClientInfo, Proxy};
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
@@ -125,7 +126,8 @@ pub async fn start(
     sources: Sources,
 ) -> Result<(Running, Vec<Warning>), StartError> {
     let metrics = Arc::new(Metrics::new());
-    let (store, warnings) = PolicyStore::open(&config.policies, Arc::clone(&metrics))?;
+    let (store, warnings) =
+        PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
     let parts = Parts {
         store: Arc::new(store),
         pressure: Arc::new(PressureGauge::new(config.controller)),
@@ -230,7 +232,7 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         last = now;
         upkeep += 1;
         if upkeep.is_multiple_of(20) {
-            m.export_disabled(&parts.store.load().policy, crate::clock::UnixMillis::now());
+            m.export_disabled(&parts.store.load().policy, parts.store.sources().now());
         }
         if upkeep >= 100 {
             upkeep = 0;

@@ -1,13 +1,25 @@
-//! Time for the logic: wall-clock unix milliseconds, read only through the seam here.
+//! The clock and random seam: wall-clock unix milliseconds and uniform random draws, read
+//! only through [`Sources`], so that tests inject both.
+//!
+//! Monotonic time is `tokio::time::Instant`, which tests control with paused tokio time
+//! (`#[tokio::test(start_paused = true)]`); `std::time::Instant::now` and
+//! `std::time::SystemTime::now` are banned outside this file by `clippy.toml`.
+
+use std::fmt;
+use std::sync::Arc;
 
 /// Unix time in milliseconds (UTC). Signed: times before 1970 are representable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct UnixMillis(pub i64);
 
 impl UnixMillis {
-    /// The current system time. Only the edges (middleware, CLI) call this; decision code
-    /// takes `now` as an argument.
-    pub fn now() -> Self {
+    /// The system's wall clock. Only [`Sources::system`] reads it; everything else is given
+    /// a [`Sources`] or takes `now` as an argument.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the one reading of the system wall clock, behind the Sources seam"
+    )]
+    fn system() -> Self {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -17,5 +29,66 @@ impl UnixMillis {
     /// Milliseconds from `earlier` to `self` (negative when `earlier` is later).
     pub fn since(self, earlier: UnixMillis) -> i64 {
         self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// The wall clock and the random draw that the request path, the policy store, the admin
+/// listener and the CLI read. Cloning is cheap (two `Arc`s).
+#[derive(Clone)]
+pub struct Sources {
+    clock: Arc<dyn Fn() -> UnixMillis + Send + Sync>,
+    draw: Arc<dyn Fn() -> f64 + Send + Sync>,
+}
+
+impl Sources {
+    /// The system wall clock and `fastrand`'s thread-local generator.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the one use of the process's random generator, behind the Sources seam"
+    )]
+    pub fn system() -> Self {
+        Sources::new(UnixMillis::system, fastrand::f64)
+    }
+
+    /// Sources from a clock and a draw. `draw` must return values in `[0, 1)`.
+    pub fn new(
+        clock: impl Fn() -> UnixMillis + Send + Sync + 'static,
+        draw: impl Fn() -> f64 + Send + Sync + 'static,
+    ) -> Self {
+        Sources {
+            clock: Arc::new(clock),
+            draw: Arc::new(draw),
+        }
+    }
+
+    /// The same draw with another wall clock (a test's fixed instant, say).
+    #[must_use]
+    pub fn with_clock(self, clock: impl Fn() -> UnixMillis + Send + Sync + 'static) -> Self {
+        Sources {
+            clock: Arc::new(clock),
+            draw: self.draw,
+        }
+    }
+
+    /// The wall clock now.
+    pub fn now(&self) -> UnixMillis {
+        (self.clock)()
+    }
+
+    /// A uniform random draw in `[0, 1)`.
+    pub fn draw(&self) -> f64 {
+        (self.draw)()
+    }
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources::system()
+    }
+}
+
+impl fmt::Debug for Sources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sources").finish_non_exhaustive()
     }
 }

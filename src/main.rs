@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use shedgate::admission;
-use shedgate::clock::UnixMillis;
+use shedgate::clock::{Sources, UnixMillis};
 use shedgate::config::{Config, ServeArgs};
 use shedgate::edge::rejection::Explanation;
 use shedgate::extract::{self, Coordinates, EventTime, Facts};
@@ -167,7 +167,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     }
     let p = &compiled.policy;
     let stream = p.stream(&args.stream);
-    let now = UnixMillis::now();
+    let now = Sources::system().now();
     let mut facts = match (&args.body, args.lat, args.lon) {
         (Some(path), _, _) => match std::fs::read(path) {
             Ok(bytes) => {

@@ -17,10 +17,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+use crate::clock::Sources;
 use crate::clock::UnixMillis;
 use crate::config::{Config, ServeArgs};
 use crate::policy::{self, Policy, Supersession};
-use crate::proxy::Sources;
 
 pub mod geography;
 pub mod sim;
@@ -149,7 +149,8 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         upstream_timeout: Some("5s".into()),
         ..ServeArgs::default()
     })?;
-    let (proxy, _) = crate::app::start(config, Sources::default()).await?;
+    let sources = Sources::system();
+    let (proxy, _) = crate::app::start(config, sources.clone()).await?;
     let geography = Geography::embedded();
     let phases = [
         ("steady", 1.0, args.phase_seconds),
@@ -196,7 +197,7 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             while sent < due {
                 sent += 1;
-                let event = make_event(&mut rng, &geography, &policy);
+                let event = make_event(&mut rng, &geography, &policy, sources.now());
                 let client = client.clone();
                 let report = Arc::clone(&report);
                 let url = url.clone();
@@ -284,7 +285,12 @@ struct Event {
     body: Bytes,
 }
 
-fn make_event(rng: &mut fastrand::Rng, geography: &Geography, policy: &Policy) -> Event {
+fn make_event(
+    rng: &mut fastrand::Rng,
+    geography: &Geography,
+    policy: &Policy,
+    now: UnixMillis,
+) -> Event {
     let stream = pick_stream(rng, STREAMS);
     let (place, is_rural) = geography.pick(rng, RURAL_SHARE);
     // Jitter within a few kilometres: vehicles are not all at the city centre.
@@ -294,7 +300,7 @@ fn make_event(rng: &mut fastrand::Rng, geography: &Geography, policy: &Policy) -
         .stream(stream)
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
     let stale = sheddable && rng.f64() < STALE_SHARE;
-    let now = UnixMillis::now().0;
+    let now = now.0;
     let at = if stale { now - 600_000 } else { now - 500 };
     let body = event_body(rng, stream, lat, lon, UnixMillis(at));
     let area = sheddable.then(|| {

@@ -6,7 +6,7 @@
 //! update is an atomic swap of the `..data` symlink, whose events name no policy file, and an
 //! editor's save-by-rename replaces the file a file watch would be attached to. Any event
 //! under the directory starts a debounce; once the directory has been quiet for
-//! [`DEBOUNCE`] and its content hashes the same twice [`SETTLE`] apart, it is reloaded if
+//! [`DEBOUNCE`](super::debounce::DEBOUNCE) and its content hashes the same twice [`SETTLE`] apart, it is reloaded if
 //! the content changed (FIELD-NOTES "notify"). A periodic re-check is the safety net for
 //! events a watcher misses (a directory deleted and re-created kills an inotify watch
 //! silently), and re-creates the watcher when it died.
@@ -18,15 +18,12 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
+use super::debounce::Quiet;
 use super::store::{PolicyStore, ReloadOutcome};
 use crate::policy::PolicyFiles;
 
-/// Quiet time after the last file event before reading.
-pub const DEBOUNCE: Duration = Duration::from_millis(250);
 /// Interval between the two reads that must agree before compiling.
 pub const SETTLE: Duration = Duration::from_millis(100);
-/// Longest wait for a quiet directory.
-pub const MAX_QUIET_WAIT: Duration = Duration::from_secs(5);
 /// Default safety-net re-check interval.
 pub const RECHECK: Duration = Duration::from_secs(10);
 
@@ -108,15 +105,17 @@ async fn run(
 
 /// Waits until the directory is quiet and its content stable.
 async fn settle(store: &PolicyStore, rx: &mut mpsc::UnboundedReceiver<()>) {
-    // Quiet period: restart the wait on every further event, for at most MAX_QUIET_WAIT (a
-    // file written to continuously must not postpone the reload forever).
-    let started = tokio::time::Instant::now();
-    while started.elapsed() < MAX_QUIET_WAIT
-        && matches!(
-            tokio::time::timeout(DEBOUNCE, rx.recv()).await,
-            Ok(Some(()))
-        )
-    {}
+    // Quiet period: the burst's deadline moves with every further event (see `Quiet`).
+    let mut quiet = Quiet::new(tokio::time::Instant::now());
+    loop {
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(()) => quiet.event(tokio::time::Instant::now()),
+                None => break,
+            },
+            () = tokio::time::sleep_until(quiet.deadline()) => break,
+        }
+    }
     // Stable content: two reads SETTLE apart agree (a save in progress does not).
     for _ in 0..20 {
         let a = fingerprint(store.dir().to_owned()).await;

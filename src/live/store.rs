@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use crate::clock::UnixMillis;
+use crate::clock::Sources;
 use crate::metrics::{Metrics, PolicyMetrics};
 use crate::policy::{Policy, PolicyError, PolicyFiles, Warning, compile};
 
@@ -78,6 +78,8 @@ pub struct PolicyStore {
     status: Mutex<ReloadStatus>,
     /// Serialises reloads (watcher, SIGHUP, admin) so two compiles never race to swap.
     reloading: Mutex<()>,
+    /// The wall clock of reload times.
+    sources: Sources,
 }
 
 impl PolicyStore {
@@ -85,23 +87,34 @@ impl PolicyStore {
     ///
     /// # Errors
     /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy.
-    pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<(Self, Vec<Warning>), PolicyError> {
+    pub fn open(
+        dir: &Path,
+        metrics: Arc<Metrics>,
+        sources: Sources,
+    ) -> Result<(Self, Vec<Warning>), PolicyError> {
         let compiled = compile(&PolicyFiles::read(dir)?)?;
         let snapshot = Snapshot::new(&metrics, compiled.policy);
-        metrics.policy_loaded(snapshot.policy.version(), UnixMillis::now());
+        let now = sources.now();
+        metrics.policy_loaded(snapshot.policy.version(), now);
         Ok((
             PolicyStore {
                 dir: dir.to_owned(),
                 live: ArcSwap::from_pointee(snapshot),
                 metrics,
                 status: Mutex::new(ReloadStatus {
-                    last_attempt_unix_ms: Some(UnixMillis::now().0),
+                    last_attempt_unix_ms: Some(now.0),
                     ..ReloadStatus::default()
                 }),
                 reloading: Mutex::new(()),
+                sources,
             },
             compiled.warnings,
         ))
+    }
+
+    /// The clock and draw this store (and the proxy it belongs to) reads.
+    pub fn sources(&self) -> &Sources {
+        &self.sources
     }
 
     /// The live snapshot. Hold it for the whole request.
@@ -161,7 +174,7 @@ impl PolicyStore {
                 }
                 let snapshot = Arc::new(Snapshot::new(&self.metrics, compiled.policy));
                 self.live.store(Arc::clone(&snapshot));
-                let now = UnixMillis::now();
+                let now = self.sources.now();
                 self.metrics.policy_loaded(&version, now);
                 let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
                 *status = ReloadStatus {
@@ -180,7 +193,7 @@ impl PolicyStore {
     }
 
     fn failed(&self, live: String, version: Option<String>, e: &PolicyError) -> ReloadOutcome {
-        let now = UnixMillis::now();
+        let now = self.sources.now();
         self.metrics.policy_reload_failed(now);
         tracing::error!(error = %e, live_version = %live, "policy reload failed; the previous policy stays live");
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());

@@ -6,7 +6,8 @@ use tower::Layer;
 
 use super::budget::ClassLoad;
 use super::service::Admission;
-use super::{AdmissionSettings, Shared, Sources};
+use super::{AdmissionSettings, Shared};
+use crate::clock::Sources;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
 

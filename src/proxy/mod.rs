@@ -32,7 +32,7 @@ pub use layer::AdmissionLayer;
 pub use service::Admission;
 
 use crate::admission::Load;
-use crate::clock::UnixMillis;
+use crate::clock::Sources;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
 
@@ -47,24 +47,6 @@ pub struct AdmissionSettings {
     pub body_read_timeout: Duration,
     /// The upstream's in-flight capacity (`--max-inflight`), which class budgets share.
     pub capacity: u32,
-}
-
-/// Inputs the decision takes from outside, injectable for tests.
-#[derive(Debug, Clone, Copy)]
-pub struct Sources {
-    /// The wall clock, for staleness.
-    pub clock: fn() -> UnixMillis,
-    /// Uniform random draws in `[0, 1)`.
-    pub draw: fn() -> f64,
-}
-
-impl Default for Sources {
-    fn default() -> Self {
-        Sources {
-            clock: UnixMillis::now,
-            draw: fastrand::f64,
-        }
-    }
 }
 
 #[derive(Debug)]

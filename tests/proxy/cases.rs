@@ -36,7 +36,7 @@ fn rfc3339(t: time::OffsetDateTime, millis: bool) -> String {
 /// Substitutes the README's placeholders and adds `Content-Length`: the bytes to send.
 fn render(name: &str) -> Vec<u8> {
     let text = std::fs::read_to_string(case_path(name)).unwrap();
-    let now = time::OffsetDateTime::now_utc();
+    let now = now_utc();
     let unix = now.unix_timestamp().to_string();
     let ago = now - time::Duration::seconds(20) - time::Duration::hours(7);
     let text = text
@@ -451,7 +451,7 @@ stream_map = { "com.example.fleet.position" = "vehicle.position" }
     let upstream = MockUpstream::start().await;
     let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
     pin(&proxy, 0.75).await;
-    let now = rfc3339(time::OffsetDateTime::now_utc(), true) + "Z";
+    let now = rfc3339(now_utc(), true) + "Z";
     let url = format!("http://{}/ce", proxy.proxy_addr);
     let binary = ce_binary(&url, "com.example.fleet.position", &now)
         .body(http_body_util::Full::new(bytes::Bytes::from(
@@ -489,10 +489,7 @@ stale_after = "1m"
     let upstream = MockUpstream::start().await;
     let proxy = spawn_proxy(&upstream.url(), policy.path()).await;
     let url = format!("http://{}/anything", proxy.proxy_addr);
-    let old = rfc3339(
-        time::OffsetDateTime::now_utc() - time::Duration::minutes(10),
-        false,
-    ) + "Z";
+    let old = rfc3339(now_utc() - time::Duration::minutes(10), false) + "Z";
     let binary = ce_binary(&url, "whatever", &old)
         .header("x-stream", "vehicle.position")
         .body(http_body_util::Full::new(bytes::Bytes::from(
@@ -503,7 +500,7 @@ stale_after = "1m"
     assert_eq!(a.header("x-shed-reason"), Some("stale"), "{}", a.status);
     // Structured, fresh, in Berlin (rank 5): kept at 0.75, where rank 50 would be shed.
     pin(&proxy, 0.75).await;
-    let now = rfc3339(time::OffsetDateTime::now_utc(), true) + "Z";
+    let now = rfc3339(now_utc(), true) + "Z";
     let structured = http::Request::post(&url)
         .header("x-stream", "vehicle.position")
         .header("content-type", "application/cloudevents+json")
@@ -605,12 +602,12 @@ async fn format_geojson_feature() {
 async fn standard_webhooks_delivery_time_is_not_the_event_time() {
     let s = setup().await;
     pin(&s.proxy, 0.0).await;
-    let hour_ago = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let hour_ago = now_utc() - time::Duration::hours(1);
     let body = format!(
         r#"{{"type":"vehicle.position","timestamp":"{}Z","data":{{"lat":35.68,"lon":139.69}}}}"#,
         rfc3339(hour_ago, false)
     );
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let now = now_utc().unix_timestamp();
     let req = format!(
         "POST /ingest/hooks HTTP/1.1\r\nHost: x\r\nwebhook-id: m1\r\nwebhook-timestamp: {now}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -626,7 +623,7 @@ async fn overland_batch_with_one_fresh_point_is_not_stale() {
     let s = setup().await;
     pin(&s.proxy, 0.0).await;
     let point = |lon: f64, lat: f64, age: i64| {
-        let t = time::OffsetDateTime::now_utc() - time::Duration::seconds(age);
+        let t = now_utc() - time::Duration::seconds(age);
         format!(
             r#"{{"type":"Feature","geometry":{{"type":"Point","coordinates":[{lon},{lat}]}},"properties":{{"timestamp":"{}Z"}}}}"#,
             rfc3339(t, false)

@@ -348,7 +348,7 @@ format = "owntracks"
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(a.header("x-shed-reason"), Some("budget"));
     assert!(a.header("retry-after").is_some());
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let now = now_utc().unix_timestamp();
     let req = Request::post(format!("http://{}/ingest/owntracks", proxy.proxy_addr))
         .body(Full::new(Bytes::from(format!(
             r#"{{"_type":"transition","event":"enter","lat":48.13,"lon":11.57,"tst":{now}}}"#

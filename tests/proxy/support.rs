@@ -16,9 +16,23 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use shedgate::app::Running;
+use shedgate::clock::{Sources, UnixMillis};
 use shedgate::config::{Config, ServeArgs};
-use shedgate::proxy::Sources;
 use tokio::net::TcpListener;
+
+/// The wall clock of every test proxy: a fixed instant (2026-05-28T20:26:40Z), so event
+/// ages are exact whatever the machine's clock says or how long a test takes.
+pub const NOW: UnixMillis = UnixMillis(1_780_000_000_000);
+
+/// [`NOW`] as a date-time, for building event times.
+pub fn now_utc() -> time::OffsetDateTime {
+    time::OffsetDateTime::from_unix_timestamp(NOW.0 / 1000).unwrap()
+}
+
+/// The test proxies' sources: the fixed clock [`NOW`] and the system's random draw.
+pub fn sources() -> Sources {
+    Sources::system().with_clock(|| NOW)
+}
 
 /// What the mock upstream saw of one request.
 #[derive(Debug, Clone)]
@@ -257,7 +271,7 @@ pub async fn spawn_proxy_with(
     };
     tweak(&mut args);
     let config = Config::from_args(args).expect("valid test config");
-    shedgate::app::start(config, Sources::default())
+    shedgate::app::start(config, sources())
         .await
         .expect("proxy starts")
         .0
@@ -314,7 +328,7 @@ pub async fn post(proxy: &Running, stream: &str, body: impl Into<Bytes>) -> Answ
 
 /// An event body at `(lat, lon)`, `age_secs` old.
 pub fn event(at: (f64, f64), age_secs: i64) -> String {
-    let t = time::OffsetDateTime::now_utc() - time::Duration::seconds(age_secs);
+    let t = now_utc() - time::Duration::seconds(age_secs);
     let t = t
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
