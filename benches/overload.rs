@@ -8,10 +8,12 @@
 //! 10x run; x: time, a grey line per second, the overload shaded; y: 0..1, a line per 0.1,
 //! black at 0.5).
 
+#![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(
-    missing_docs,
     clippy::cast_precision_loss,
-    clippy::cast_possible_truncation
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a report of rates and percentiles from counts that stay far below 2^52"
 )]
 
 use std::convert::Infallible;

@@ -25,7 +25,7 @@ use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::Curve;
 use crate::policy::{PolicyError, Warning};
-use crate::pressure::{PressureGauge, TICK};
+use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings};
 use crate::upstream::{ClientInfo, Proxy};
 
@@ -223,10 +223,14 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         m.pressure.set(p.get());
         m.inflight.set(f64::from(parts.pressure.inflight()));
         m.rank_cutoff.set(Curve::threshold(p));
-        if p.get() > 0.5 {
+        if p > Pressure::SHED_FLOOR {
             // Counters hold integers: accumulate exactly, export whole seconds.
             shedding += now.saturating_duration_since(last).as_secs_f64();
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "whole seconds of shedding, non-negative and far below 2^64"
+            )]
             m.shedding_seconds.absolute(shedding.floor() as u64);
         }
         last = now;

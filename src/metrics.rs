@@ -353,7 +353,10 @@ impl Metrics {
     pub fn policy_loaded(&self, version: &str, now: crate::clock::UnixMillis) {
         self.reload_success.increment(1);
         self.reload_ok.set(1.0);
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "unix milliseconds stay far below 2^52 until the year 144,000"
+        )]
         self.last_reload.set(now.0 as f64 / 1000.0);
         let gauge = self.recorder.register_gauge(
             &Key::from_parts(POLICY_INFO, vec![Label::new("version", version.to_owned())]),
@@ -377,7 +380,10 @@ impl Metrics {
     pub fn export_disabled(&self, policy: &Policy, now: crate::clock::UnixMillis) {
         use crate::policy::{Class, Disable};
         let mut live: Vec<((&'static str, String), f64)> = Vec::new();
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "unix milliseconds stay far below 2^52 until the year 144,000"
+        )]
         let value = |d: Disable| match d {
             Disable::Until(t) => t.0 as f64 / 1000.0,
             _ => f64::INFINITY,
@@ -415,7 +421,10 @@ impl Metrics {
     pub fn policy_reload_failed(&self, now: crate::clock::UnixMillis) {
         self.reload_failure.increment(1);
         self.reload_ok.set(0.0);
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "unix milliseconds stay far below 2^52 until the year 144,000"
+        )]
         self.last_reload.set(now.0 as f64 / 1000.0);
     }
 

@@ -51,7 +51,6 @@ impl Default for Counts {
 impl Counts {
     fn bucket(&self, now: UnixMillis) -> &Bucket {
         let second = u64::try_from(now.0 / 1000).unwrap_or(0);
-        #[allow(clippy::cast_possible_truncation)]
         let b = &self.ring[(second % WINDOW_SECONDS) as usize];
         let seen = b.second.load(Ordering::Relaxed);
         if seen != second
@@ -150,7 +149,10 @@ impl Window {
 
     fn rate(&mut self) {
         let seen = self.accepted + self.shed_total;
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts per minute stay far below 2^52"
+        )]
         let rate = if seen == 0 {
             0.0
         } else {

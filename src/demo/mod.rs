@@ -137,7 +137,6 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         args.seed,
     );
     let (upstream_addr, upstream_task) = Arc::clone(&sim).serve_http().await?;
-    #[allow(clippy::cast_precision_loss)]
     let capacity = f64::from(args.workers.max(1)) / service.as_secs_f64();
     let config = Config::from_args(ServeArgs {
         listen: Some("127.0.0.1:0".parse()?),
@@ -193,7 +192,11 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             tick.tick().await;
             pressure_sum += pressure.pressure().get();
             samples += 1;
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a non-negative request count of one phase"
+            )]
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             while sent < due {
                 sent += 1;
@@ -343,7 +346,10 @@ async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Ev
     }
 }
 
-#[allow(clippy::cast_precision_loss)]
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "request counts of a demo run stay far below 2^52"
+)]
 fn pct(n: u64, of: u64) -> String {
     if of == 0 {
         "-".into()

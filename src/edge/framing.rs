@@ -213,7 +213,7 @@ impl Tracker {
                 Phase::ChunkEnd(left) => {
                     let n = usize::from(left).min(avail);
                     pos += n;
-                    #[allow(clippy::cast_possible_truncation)]
+                    #[expect(clippy::cast_possible_truncation, reason = "n is at most left, a u8")]
                     let left = left - n as u8;
                     self.phase = if left == 0 {
                         Phase::ChunkSize

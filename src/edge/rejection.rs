@@ -106,7 +106,10 @@ impl Explanation {
             Verdict::Shed(_) => ("shed", None),
             Verdict::WouldShed(r) => ("admit", Some(r.as_str())),
         };
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "event ages in milliseconds stay far below 2^52"
+        )]
         Explanation {
             decision: verdict,
             reason: decision.rule.as_str(),
@@ -138,9 +141,14 @@ impl Explanation {
 /// non-negative integer of seconds).
 pub fn retry_after(pressure: Pressure, draw: f64, policy: crate::policy::RetryAfterPolicy) -> u32 {
     let max = policy.max;
-    let centre = f64::from(policy.base.max(1)) * (1.0 + 8.0 * (pressure.get() - 0.5).max(0.0));
+    let centre = f64::from(policy.base.max(1))
+        * (1.0 + 8.0 * (pressure.get() - Pressure::SHED_FLOOR.get()).max(0.0));
     let jittered = centre * (0.5 + draw.clamp(0.0, 1.0));
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "clamped to [1, max] just before"
+    )]
     let secs = jittered.ceil().clamp(1.0, f64::from(max.max(1))) as u32;
     secs
 }

@@ -47,7 +47,10 @@ pub fn parse_unix_number(n: f64) -> Option<UnixMillis> {
         return None;
     }
     // Float-to-int `as` saturates and the range was checked above.
-    #[allow(clippy::cast_possible_truncation)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "plausible times are far inside i64 milliseconds; beyond saturates and is implausible"
+    )]
     Some(UnixMillis(ms.round() as i64))
 }
 

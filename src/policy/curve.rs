@@ -9,6 +9,9 @@ use serde::Serialize;
 
 use crate::pressure::Pressure;
 
+/// [`Pressure::SHED_FLOOR`] as a number.
+const FLOOR: f64 = Pressure::SHED_FLOOR.get();
+
 /// Area rank: an integer in `1..=100`; lower is more important (shed last). PRODUCT.md
 /// "Areas".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -105,7 +108,7 @@ impl Curve {
         if !(0.0..=50.0).contains(&band) {
             return Err(CurveError::Band(band));
         }
-        if !(0.0..=0.5).contains(&ramp) {
+        if !(0.0..=1.0 - FLOOR).contains(&ramp) {
             return Err(CurveError::Ramp(ramp));
         }
         Ok(Curve { band, ramp })
@@ -128,7 +131,7 @@ impl Curve {
     /// which would shed rank 20 at a pinned 0.8 under the step rule.
     pub fn threshold(pressure: Pressure) -> f64 {
         let p = pressure.get();
-        if p <= 0.5 {
+        if p <= FLOOR {
             100.0
         } else {
             snapped_threshold(p)
@@ -138,7 +141,7 @@ impl Curve {
     /// Shed probability in `[0, 1]` for a sheddable event of `rank` at `pressure`.
     pub fn shed_probability(&self, rank: Rank, pressure: Pressure) -> f64 {
         let p = pressure.get();
-        if p <= 0.5 {
+        if p <= FLOOR {
             return 0.0;
         }
         if p >= 1.0 {
@@ -147,7 +150,7 @@ impl Curve {
         let ramp_factor = if self.ramp == 0.0 {
             1.0
         } else {
-            ((p - 0.5) / self.ramp).min(1.0)
+            ((p - FLOOR) / self.ramp).min(1.0)
         };
         let t = snapped_threshold(p);
         let over = f64::from(rank.get()) - t;

@@ -208,7 +208,10 @@ impl Controller {
 
     /// Folds in the in-flight counts observed since the last update (`inflight` now, used
     /// when no decision observed any) and the latency samples, returning the new output.
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "sample counts and microsecond sums per tick stay far below 2^52"
+    )]
     pub fn update(
         &mut self,
         now: Instant,
@@ -316,7 +319,11 @@ mod tests {
         latency: LatencyWindow,
     ) -> (Instant, f64) {
         let mut now = start;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a non-negative number of ticks, saturating at u32::MAX"
+        )]
         let ticks = (secs / TICK.as_secs_f64()) as u32;
         let observed = InflightWindow {
             count: 1,

@@ -58,6 +58,10 @@ impl Pressure {
     pub const ZERO: Pressure = Pressure(0.0);
     /// Full pressure: every sheddable event is shed.
     pub const FULL: Pressure = Pressure(1.0);
+    /// The shed floor, 0.5: the upstream fully used with latency at its target. At and below
+    /// it nothing is shed (docs/pressure.md "Pressure"); the shed curve, `Retry-After` and
+    /// the shedding-seconds counter all start above it.
+    pub const SHED_FLOOR: Pressure = Pressure(0.5);
 
     /// `Some` for a value in `[0, 1]` (NaN is `None`).
     pub fn new(value: f64) -> Option<Self> {
@@ -74,7 +78,7 @@ impl Pressure {
     }
 
     /// The value in `[0, 1]`.
-    pub fn get(self) -> f64 {
+    pub const fn get(self) -> f64 {
         self.0
     }
 }
