@@ -1,5 +1,5 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz`, `GET /policy`,
-//! `POST /reload`, and `GET|PUT|DELETE /pressure` (PRODUCT.md "Observability", "Pressure",
+//! `POST /reload`, and `GET|PUT|DELETE /pressure` (docs/operations.md "Observability", "Pressure",
 //! "Policy files and hot reload").
 //!
 //! It binds to loopback by default: it can pin pressure, so it is an operator's tool, not a

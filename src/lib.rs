@@ -2,8 +2,9 @@
 //!
 //! Under load it sheds only what is safe to lose (events a later event supersedes) and, among
 //! those, the lowest-priority areas first, where area priority is an operator's written
-//! decision (H3 resolution-4 cells), never a measure of traffic volume. The specification is
-//! PRODUCT.md in the team's shared folder; section names cited in doc comments refer to it.
+//! decision (H3 resolution-4 cells), never a measure of traffic volume. The rules the code
+//! follows are in the repository's `docs/` (`docs/README.md` lists them); doc comments cite
+//! them as `docs/FILE.md "Section"`.
 //!
 //! # Request path
 //!

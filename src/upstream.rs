@@ -1,6 +1,6 @@
 //! The proxy to the upstream: a pooled hyper-util client, header hygiene (RFC 9110 section
 //! 7.6.1), forwarding headers, the upstream timeout, and the mapping of client failures to
-//! rejections (PRODUCT.md "Proxying").
+//! rejections (docs/responses.md "Proxying").
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,5 +1,5 @@
 //! The admission decision: a pure function of the policy, the event's facts, `now`, the
-//! pressure and a random draw (PRODUCT.md "Decision rule").
+//! pressure and a random draw (docs/decision.md "Decision rule").
 
 mod assess;
 
@@ -110,7 +110,7 @@ pub enum Verdict {
     WouldShed(ShedReason),
 }
 
-/// One decision and everything needed to explain it (PRODUCT.md "Decision rule": "every
+/// One decision and everything needed to explain it (docs/decision.md "Decision rule": "every
 /// decision can explain itself").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
@@ -142,7 +142,7 @@ pub struct Decision {
 /// covers every time-zone error (at most 14 hours) with room to spare.
 pub const IMPLAUSIBLE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-/// Reduces the events of one request to the facts of one decision (PRODUCT.md "Areas",
+/// Reduces the events of one request to the facts of one decision (docs/decision.md "Areas",
 /// batches): the request is sheddable only if every event is of a sheddable stream (else the
 /// first `never` or unknown stream is returned and the request is never shed); it takes the
 /// most important rank of its points (the coordinates returned are that point's); it is stale
@@ -283,7 +283,7 @@ impl Load {
     }
 }
 
-/// Decides one request (PRODUCT.md "Decision rule", steps 2–7, and "Priority classes and
+/// Decides one request (docs/decision.md "Decision rule", steps 2–7, and "Priority classes and
 /// budgets": after the pressure curve, a class over its budget with no idle capacity is shed
 /// with reason `budget`).
 ///

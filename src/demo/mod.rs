@@ -1,4 +1,4 @@
-//! The self-contained demo (PRODUCT.md "Operator tools"): an upstream of fixed capacity, the
+//! The self-contained demo (docs/operations.md "Operator tools"): an upstream of fixed capacity, the
 //! proxy with a policy directory, and traffic from real geography (GeoNames cities weighted
 //! by population, and rural places) at 1×, then 4×, then 1× the upstream's capacity, all
 //! over loopback sockets. It prints what was delivered and shed per stream and per area.

@@ -1,5 +1,5 @@
-//! An upstream simulator and a closed-loop scenario runner (issue "The pressure controller,
-//! proven in closed loop").
+//! An upstream simulator and a closed-loop scenario runner (the controller's
+//! closed-loop evidence, docs/pressure.md "Pressure").
 //!
 //! [`Simulator`] is an upstream of fixed capacity: `workers` requests served at a time, each
 //! for a service time drawn from a [`ServiceTime`] distribution, the rest waiting in a FIFO

@@ -1,5 +1,5 @@
 //! The one place where a reason to answer a request here becomes a status, headers and a
-//! body (PRODUCT.md "Responses"; problem details per RFC 9457).
+//! body (docs/responses.md "Responses"; problem details per RFC 9457).
 //!
 //! The proxy never answers 410: webhook senders disable an endpoint that answers it.
 

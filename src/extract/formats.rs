@@ -1,5 +1,5 @@
 //! Format presets: where real senders put the stream, the coordinates and the time
-//! (issue "Real senders"; examples in tests/cases/formats). Each preset is a [`Shape`] (and,
+//! (docs/decision.md "Decision rule", step 1; examples in tests/cases/formats). Each preset is a [`Shape`] (and,
 //! for CloudEvents, one per content mode) plus where the stream name comes from.
 //!
 //! | preset | events | coordinates | time | stream |

@@ -1,5 +1,5 @@
 //! Reload triggers: a watcher on the policy directory, SIGHUP, and a periodic re-check
-//! (PRODUCT.md "Policy files and hot reload"). `POST /reload` on the admin listener is the
+//! (docs/operations.md "Policy files and hot reload"). `POST /reload` on the admin listener is the
 //! fourth, in `admin`.
 //!
 //! The watcher watches the directory (recursively), never the files: a Kubernetes ConfigMap
@@ -7,7 +7,7 @@
 //! editor's save-by-rename replaces the file a file watch would be attached to. Any event
 //! under the directory starts a debounce; once the directory has been quiet for
 //! [`DEBOUNCE`](super::debounce::DEBOUNCE) and its content hashes the same twice [`SETTLE`] apart, it is reloaded if
-//! the content changed (FIELD-NOTES "notify"). A periodic re-check is the safety net for
+//! the content changed (docs/dependencies.md "notify"). A periodic re-check is the safety net for
 //! events a watcher misses (a directory deleted and re-created kills an inotify watch
 //! silently), and re-creates the watcher when it died.
 

@@ -1,6 +1,6 @@
 //! The live policy: an `ArcSwap` of compiled snapshots. A reload reads and compiles first and
-//! swaps atomically; a failed reload keeps the last good snapshot (PRODUCT.md "Policy files
-//! and hot reload"). Each request loads one snapshot and keeps it to its end.
+//! swaps atomically; a failed reload keeps the last good snapshot (docs/operations.md
+//! "Policy files and hot reload"). Each request loads one snapshot and keeps it to its end.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

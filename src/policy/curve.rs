@@ -1,4 +1,4 @@
-//! The graduated shed curve: shed probability from area rank and pressure (PRODUCT.md
+//! The graduated shed curve: shed probability from area rank and pressure (docs/decision.md
 //! "Decision rule", step 6).
 
 use std::fmt;
@@ -12,7 +12,7 @@ use crate::pressure::Pressure;
 /// [`Pressure::SHED_FLOOR`] as a number.
 const FLOOR: f64 = Pressure::SHED_FLOOR.get();
 
-/// Area rank: an integer in `1..=100`; lower is more important (shed last). PRODUCT.md
+/// Area rank: an integer in `1..=100`; lower is more important (shed last). docs/decision.md
 /// "Areas".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(into = "u8")]
@@ -59,7 +59,7 @@ impl fmt::Display for Rank {
 /// rank_factor(r, p) = clamp((r - t) / min(band, t), 0, 1)  (step r > t when band = 0)
 /// ```
 ///
-/// Why each piece (PRODUCT.md "Decision rule"): the seed's step rule has two cliffs, and a
+/// Why each piece (docs/decision.md "Decision rule"): the seed's step rule has two cliffs, and a
 /// cliff in a closed loop is an on/off switch that oscillates. `ramp` (pressure units, in
 /// `[0, 0.5]`) lets ranks above 50 ramp in just above the floor instead of all becoming
 /// sheddable at `p = 0.5`; `band` (ranks, in `[0, 50]`) sheds the ranks just above `t`

@@ -39,7 +39,7 @@ pub struct PolicyError {
     pub message: String,
 }
 
-/// Risky but valid content that `check` reports (PRODUCT.md "Policy files and hot reload").
+/// Risky but valid content that `check` reports (docs/operations.md "Policy files and hot reload").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Warning {
     /// The file the warning is about.

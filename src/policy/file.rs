@@ -31,7 +31,7 @@ pub struct StreamsFile {
     pub retry_after: Option<RetryAfterSection>,
 }
 
-/// `[classes.NAME]` in `streams.toml` (PRODUCT.md "Priority classes and budgets").
+/// `[classes.NAME]` in `streams.toml` (docs/decision.md "Priority classes and budgets").
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClassSection {

@@ -1,11 +1,11 @@
-//! GeoJSON regions tiled to resolution-4 cells (PRODUCT.md "Areas").
+//! GeoJSON regions tiled to resolution-4 cells (docs/decision.md "Areas").
 //!
 //! Input: RFC 7946 GeoJSON — a Geometry, a Feature or a FeatureCollection — of Polygons and
 //! MultiPolygons in `[lon, lat]` order. Every polygon is tiled with h3o's `Covers`
 //! containment: every cell the region touches belongs to it, so every point inside the region
 //! maps to one of its cells (a centroid-only tiling drops border towns and small islands).
 //! Longitudes are normalised into `[-180, 180]` first: h3o's antimeridian handling works on
-//! GeoJSON-style input (179 → −179) but breaks on 179 → 181 (FIELD-NOTES "h3o").
+//! GeoJSON-style input (179 → −179) but breaks on 179 → 181 (docs/dependencies.md "h3o").
 
 use geojson::{GeoJson, GeometryValue};
 use h3o::CellIndex;

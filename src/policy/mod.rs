@@ -1,6 +1,6 @@
 //! The policy: stream classes and extraction, areas and ranks, the curve. Parsed from the
 //! files in a policy directory, validated and compiled into an immutable [`Policy`]
-//! (PRODUCT.md "Policy files and hot reload", "Areas").
+//! (docs/operations.md "Policy files and hot reload", "Areas").
 
 mod compile;
 pub mod curve;
@@ -37,10 +37,10 @@ pub const UNKNOWN_STREAM: &str = "unknown";
 pub const UNCONFIGURED_AREA: &str = "unconfigured";
 /// Default `stale_after`: 30 s (the geographic seed's `STALE_AFTER_SECONDS`).
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
-/// The H3 resolution of the area key (PRODUCT.md "Areas": about a metropolitan area).
+/// The H3 resolution of the area key (docs/decision.md "Areas": about a metropolitan area).
 pub const AREA_RESOLUTION: Resolution = Resolution::Four;
 
-/// Whether a later event supersedes this one (PRODUCT.md "Supersession first").
+/// Whether a later event supersedes this one (docs/decision.md "Supersession first").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Supersession {
@@ -50,7 +50,7 @@ pub enum Supersession {
     Never,
 }
 
-/// Priority class (PRODUCT.md "Priority classes and budgets").
+/// Priority class (docs/decision.md "Priority classes and budgets").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Class {
@@ -81,7 +81,7 @@ impl Class {
     }
 }
 
-/// A live-disable switch (PRODUCT.md "Priority classes and budgets").
+/// A live-disable switch (docs/decision.md "Priority classes and budgets").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Disable {
     /// Enabled.
@@ -156,7 +156,7 @@ impl Default for RetryAfterPolicy {
     }
 }
 
-/// Enforce decisions, or only count them (PRODUCT.md "Decision rule", step 7).
+/// Enforce decisions, or only count them (docs/decision.md "Decision rule", step 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {

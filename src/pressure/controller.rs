@@ -17,12 +17,12 @@ pub const UTILISATION_TAU: Duration = Duration::from_millis(400);
 pub const LATENCY_TAU: Duration = Duration::from_millis(150);
 /// Time constant with which the latency estimate decays while no samples arrive. It keeps the
 /// controller from freezing: when everything sheddable is shed and the upstream idles, no
-/// sample replaces the last high one (FIELD-NOTES "Pressure controllers").
+/// sample replaces the last high one (docs/pressure.md "Pressure controllers").
 pub const LATENCY_DECAY_TAU: Duration = Duration::from_secs(1);
 /// Sample rate (per second) at and above which the latency signal gets full weight, or half
 /// the upstream's nominal throughput (`max_inflight / latency_target / 2`) if that is lower,
 /// so that a small upstream can reach full weight at all. Below it the weight falls
-/// linearly: a handful of slow requests is noise, not overload (PRODUCT.md "Pressure": "at
+/// linearly: a handful of slow requests is noise, not overload (docs/pressure.md "Pressure": "at
 /// very low request volume the estimate is noise"). A standing queue is evidence too: the
 /// weight is at least `mean in-flight / max_inflight - 1`, so an upstream that stops
 /// answering (no samples at all) with requests piling up is believed.

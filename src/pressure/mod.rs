@@ -1,5 +1,5 @@
 //! The pressure controller: upstream in-flight count and latency in, pressure in `[0, 1]`
-//! out (PRODUCT.md "Pressure").
+//! out (docs/pressure.md "Pressure").
 //!
 //! [`Controller`] is the pure state machine (time is an argument); [`PressureGauge`] is the
 //! shared, lock-free front the request path uses, ticked by one task.
@@ -23,11 +23,11 @@
 //!   tick could react, and this term is what keeps the onset from overshooting;
 //! - below capacity, `base` (utilisation and latency, at most 1) says how close the upstream
 //!   is to full: `p = 0.5` exactly when it is fully used or at its latency target and no
-//!   shedding effort is needed (PRODUCT.md: "0.5 means at comfortable capacity, coping").
+//!   shedding effort is needed (docs/pressure.md "Pressure").
 //!
 //! Nothing is learned that could go stale: the latency reference is the operator's target,
-//! not a measured minimum RTT that could ratchet up or drift (FIELD-NOTES "Pressure
-//! controllers"). An upstream that a deploy made slower than the target does not shed on its
+//! not a measured minimum RTT that could ratchet up or drift (docs/pressure.md
+//! "Pressure controllers"). An upstream that a deploy made slower than the target does not shed on its
 //! own: shedding also needs a standing queue (Netflix Gradient2's "app-limited" guard in
 //! another form), so a slow upstream at light load is left alone, and a slow upstream under
 //! load is held at its real capacity.
@@ -49,7 +49,7 @@ pub use gauge::{InflightGuard, PressureGauge, PressureView};
 
 /// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
 /// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix
-/// (PRODUCT.md "Pressure").
+/// (docs/pressure.md "Pressure").
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
 pub struct Pressure(f64);
 
