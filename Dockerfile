@@ -4,8 +4,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
-COPY data ./data
-RUN cargo build --release --locked --bin shedgate
+# Without the demo and its embedded data: the proxy alone.
+RUN cargo build --release --locked --no-default-features --bin shedgate
 
 # Run stage: the binary, the example policy, a non-root user.
 FROM debian:bookworm-slim

@@ -45,14 +45,16 @@
 //!   `/pressure`, `/stats`).
 //! - [`config`]: process settings (flags and a TOML file), validated into [`config::Config`].
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
-//! - [`demo`]: the self-contained demo (fixed-capacity upstream, proxy, real geography) and
-//!   the upstream simulator with the closed-loop scenario runner ([`demo::sim`]).
+//! - `demo` (cargo feature `demo`, on by default): the self-contained demo (fixed-capacity
+//!   upstream, proxy, real geography) and the upstream simulator with the closed-loop
+//!   scenario runner (`demo::sim`).
 
 pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod edge;
 pub mod extract;

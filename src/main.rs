@@ -33,6 +33,7 @@ enum Command {
     Explain(ExplainArgs),
     /// Run the self-contained demo: a fixed-capacity upstream, the proxy with a policy
     /// directory, and traffic from real geography at 1x, 4x, then 1x capacity.
+    #[cfg(feature = "demo")]
     Demo(shedgate::demo::DemoArgs),
 }
 
@@ -78,6 +79,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::Check { dir } => check(&dir),
         Command::Explain(args) => explain(&args),
+        #[cfg(feature = "demo")]
         Command::Demo(args) => runtime().block_on(shedgate::demo::run(args)),
     }
 }

@@ -4,6 +4,7 @@ mod cases;
 mod classes;
 mod geography;
 mod reload;
+#[cfg(feature = "demo")]
 mod scenarios;
 mod support;
 
@@ -664,6 +665,7 @@ fn same_meridian_and_poles_give_the_same_cell() {
 
 /// The README's demo, shortened: every never-shed event is delivered at every phase, and
 /// every stale event is shed as stale (what the demo's tables must show).
+#[cfg(feature = "demo")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_delivers_every_never_shed_event() {
     let args = shedgate::demo::DemoArgs {
