@@ -401,7 +401,7 @@ fn main() {
                             upstream: Some(upstream.clone()),
                             policies: Some(dir),
                             max_inflight: Some(WORKERS),
-                            latency_target: Some(format!("{}ms", TARGET.as_millis())),
+                            latency_target: Some(TARGET.into()),
                             ..ServeArgs::default()
                         })
                         .unwrap();

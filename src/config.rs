@@ -6,19 +6,70 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::fmt;
+use std::str::FromStr;
+
 use clap::Args;
 use http::Uri;
 use http::header::HeaderName;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::pressure::ControllerConfig;
+use crate::upstream::HostHeader;
 
-/// `shedgate serve` flags. Every flag can also be set in the `--config` file under the same
-/// name (kebab-case); a flag given on the command line wins.
-#[derive(Debug, Clone, Default, Args)]
+/// A positive duration written as humantime text (`50ms`, `10s`, `1h`), parsed where it enters:
+/// by clap for a flag, by serde for a file key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match humantime::parse_duration(text) {
+            Ok(d) if !d.is_zero() => Ok(HumanDuration(d)),
+            Ok(_) => Err(format!("{text:?} must be positive")),
+            Err(e) => Err(format!(
+                "invalid duration {text:?}: {e} (write e.g. 50ms, 10s)"
+            )),
+        }
+    }
+}
+
+impl From<Duration> for HumanDuration {
+    fn from(d: Duration) -> Self {
+        HumanDuration(d)
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// `shedgate serve` settings: one definition for the flags and the `--config` file. Every
+/// flag is also a file key of the same name (kebab-case); a flag given on the command line
+/// (or its environment variable) wins over the file, and the file over the defaults.
+#[derive(Debug, Clone, Default, Args, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of the settings below.
     #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Address to accept client traffic on [default: 127.0.0.1:8080].
     #[arg(long, value_name = "ADDR")]
@@ -40,53 +91,42 @@ pub struct ServeArgs {
     pub max_body: Option<u64>,
     /// Time the upstream has to send response headers, e.g. `10s` [default: 10s].
     #[arg(long, value_name = "DURATION")]
-    pub upstream_timeout: Option<String>,
+    pub upstream_timeout: Option<HumanDuration>,
     /// Time to connect to the upstream [default: 2s].
     #[arg(long, value_name = "DURATION")]
-    pub connect_timeout: Option<String>,
+    pub connect_timeout: Option<HumanDuration>,
     /// Time a client has to send request headers [default: 10s].
     #[arg(long, value_name = "DURATION")]
-    pub header_read_timeout: Option<String>,
+    pub header_read_timeout: Option<HumanDuration>,
     /// Time a client has to send the whole request body [default: 30s].
     #[arg(long, value_name = "DURATION")]
-    pub body_read_timeout: Option<String>,
+    pub body_read_timeout: Option<HumanDuration>,
     /// In-flight requests at which the upstream is fully used (pressure 0.5) [default: 64].
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<u32>,
     /// Upstream latency considered at target (pressure 0.5), e.g. `50ms` [default: 100ms].
     #[arg(long, value_name = "DURATION")]
-    pub latency_target: Option<String>,
+    pub latency_target: Option<HumanDuration>,
     /// Time in-flight requests get to finish on shutdown [default: 30s].
     #[arg(long, value_name = "DURATION")]
-    pub drain_timeout: Option<String>,
+    pub drain_timeout: Option<HumanDuration>,
     /// Safety-net re-check of the policy directory, besides the file watcher [default: 10s].
     #[arg(long, value_name = "DURATION")]
-    pub policy_recheck: Option<String>,
+    pub policy_recheck: Option<HumanDuration>,
     /// `Host` sent upstream: `client` (the client's, unchanged) or `upstream` (the upstream
     /// URL's authority) [default: client].
     #[arg(long, value_name = "client|upstream")]
-    pub host_header: Option<String>,
+    pub host_header: Option<HostHeader>,
 }
 
-/// The `--config` file: the same keys as the flags.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct FileConfig {
-    listen: Option<SocketAddr>,
-    upstream: Option<String>,
-    policies: Option<PathBuf>,
-    admin_listen: Option<SocketAddr>,
-    stream_header: Option<String>,
-    max_body: Option<u64>,
-    upstream_timeout: Option<String>,
-    connect_timeout: Option<String>,
-    header_read_timeout: Option<String>,
-    body_read_timeout: Option<String>,
-    max_inflight: Option<u32>,
-    latency_target: Option<String>,
-    drain_timeout: Option<String>,
-    policy_recheck: Option<String>,
-    host_header: Option<String>,
+impl ServeArgs {
+    /// These settings over `file`'s: each key set here wins. Generic over the fields (both
+    /// go through the same serde form), so no setting can be left out of the merge.
+    fn over(&self, file: &ServeArgs) -> Result<ServeArgs, toml::ser::Error> {
+        let mut merged = toml::Table::try_from(file)?;
+        merged.extend(toml::Table::try_from(self)?);
+        ServeArgs::deserialize(merged).map_err(serde::ser::Error::custom)
+    }
 }
 
 /// Validated process settings.
@@ -119,7 +159,7 @@ pub struct Config {
     /// Periodic policy re-check interval.
     pub policy_recheck: Duration,
     /// How `Host` is forwarded.
-    pub host_header: crate::upstream::HostHeader,
+    pub host_header: HostHeader,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -150,22 +190,8 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-fn duration(
-    key: &'static str,
-    value: Option<String>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
-    let Some(text) = value else {
-        return Ok(default);
-    };
-    match humantime::parse_duration(&text) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(invalid(key, "must be positive")),
-        Err(e) => Err(invalid(
-            key,
-            format!("invalid duration {text:?}: {e} (write e.g. 50ms, 10s)"),
-        )),
-    }
+fn duration(value: Option<HumanDuration>, default: Duration) -> Duration {
+    value.map_or(default, |d| d.0)
 }
 
 impl Config {
@@ -176,17 +202,21 @@ impl Config {
     /// value, or contradictory settings (the same address for both listeners; an upstream
     /// that is the proxy's own listener).
     pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
-        let file = match &args.config {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+        let args = match &args.config {
+            Some(path) => {
+                let file = read_file(path)?;
+                args.over(&file).map_err(|e| ConfigError::File {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+            }
+            None => args,
         };
         let listen = args
             .listen
-            .or(file.listen)
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
         let admin_listen = args
             .admin_listen
-            .or(file.admin_listen)
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9901)));
         if listen == admin_listen && listen.port() != 0 {
             return Err(invalid(
@@ -194,7 +224,7 @@ impl Config {
                 format!("{admin_listen} is also the proxy's --listen address"),
             ));
         }
-        let upstream_text = args.upstream.or(file.upstream).ok_or_else(|| {
+        let upstream_text = args.upstream.ok_or_else(|| {
             invalid(
                 "upstream",
                 "required: the URL of the ingestion endpoint, e.g. http://127.0.0.1:3000",
@@ -238,32 +268,21 @@ impl Config {
                 format!("{addr} is the proxy's own --listen address: requests would loop"),
             ));
         }
-        let stream_header_text = args
-            .stream_header
-            .or(file.stream_header)
-            .unwrap_or_else(|| "X-Stream".to_owned());
+        let stream_header_text = args.stream_header.unwrap_or_else(|| "X-Stream".to_owned());
         let stream_header = HeaderName::try_from(stream_header_text.as_str()).map_err(|_| {
             invalid(
                 "stream-header",
                 format!("{stream_header_text:?} is not a header name"),
             )
         })?;
-        let max_body = args.max_body.or(file.max_body).unwrap_or(1024 * 1024);
+        let max_body = args.max_body.unwrap_or(1024 * 1024);
         if max_body == 0 {
             return Err(invalid("max-body", "must be positive"));
         }
-        let max_inflight = NonZeroU32::new(args.max_inflight.or(file.max_inflight).unwrap_or(64))
+        let max_inflight = NonZeroU32::new(args.max_inflight.unwrap_or(64))
             .ok_or_else(|| invalid("max-inflight", "must be positive"))?;
-        let upstream_timeout = duration(
-            "upstream-timeout",
-            args.upstream_timeout.or(file.upstream_timeout),
-            Duration::from_secs(10),
-        )?;
-        let latency_target = duration(
-            "latency-target",
-            args.latency_target.or(file.latency_target),
-            Duration::from_millis(100),
-        )?;
+        let upstream_timeout = duration(args.upstream_timeout, Duration::from_secs(10));
+        let latency_target = duration(args.latency_target, Duration::from_millis(100));
         if latency_target >= upstream_timeout {
             return Err(invalid(
                 "latency-target",
@@ -276,58 +295,26 @@ impl Config {
         Ok(Config {
             listen,
             upstream,
-            policies: args
-                .policies
-                .or(file.policies)
-                .unwrap_or_else(|| PathBuf::from("policies")),
+            policies: args.policies.unwrap_or_else(|| PathBuf::from("policies")),
             admin_listen,
             stream_header,
             max_body,
             upstream_timeout,
-            connect_timeout: duration(
-                "connect-timeout",
-                args.connect_timeout.or(file.connect_timeout),
-                Duration::from_secs(2),
-            )?,
-            header_read_timeout: duration(
-                "header-read-timeout",
-                args.header_read_timeout.or(file.header_read_timeout),
-                Duration::from_secs(10),
-            )?,
-            body_read_timeout: duration(
-                "body-read-timeout",
-                args.body_read_timeout.or(file.body_read_timeout),
-                Duration::from_secs(30),
-            )?,
+            connect_timeout: duration(args.connect_timeout, Duration::from_secs(2)),
+            header_read_timeout: duration(args.header_read_timeout, Duration::from_secs(10)),
+            body_read_timeout: duration(args.body_read_timeout, Duration::from_secs(30)),
             controller: ControllerConfig {
                 max_inflight,
                 latency_target,
             },
-            drain_timeout: duration(
-                "drain-timeout",
-                args.drain_timeout.or(file.drain_timeout),
-                Duration::from_secs(30),
-            )?,
-            host_header: match args.host_header.or(file.host_header).as_deref() {
-                None | Some("client") => crate::upstream::HostHeader::Client,
-                Some("upstream") => crate::upstream::HostHeader::Upstream,
-                Some(other) => {
-                    return Err(invalid(
-                        "host-header",
-                        format!("{other:?}: expected \"client\" or \"upstream\""),
-                    ));
-                }
-            },
-            policy_recheck: duration(
-                "policy-recheck",
-                args.policy_recheck.or(file.policy_recheck),
-                crate::live::reload::RECHECK,
-            )?,
+            drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),
+            host_header: args.host_header.unwrap_or_default(),
+            policy_recheck: duration(args.policy_recheck, crate::live::reload::RECHECK),
         })
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
         path: path.to_owned(),
         message: e.to_string(),
@@ -367,7 +354,7 @@ mod tests {
         a.admin_listen = Some("127.0.0.1:8080".parse().unwrap());
         assert!(Config::from_args(a).is_err());
         let mut a = args("http://127.0.0.1:3000");
-        a.latency_target = Some("20s".into());
+        a.latency_target = Some(Duration::from_secs(20).into());
         assert!(Config::from_args(a).is_err());
         let mut a = args("http://127.0.0.1:3000");
         a.max_inflight = Some(0);
@@ -398,5 +385,82 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("upstreem"), "{e}");
+    }
+
+    /// Every setting is a file key: a file giving all of them configures all of them.
+    #[test]
+    fn every_flag_is_a_file_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shedgate.toml");
+        std::fs::write(
+            &path,
+            r#"
+listen = "127.0.0.1:18080"
+upstream = "http://127.0.0.1:3000"
+policies = "elsewhere"
+admin-listen = "127.0.0.1:19901"
+stream-header = "X-Topic"
+max-body = 4096
+upstream-timeout = "3s"
+connect-timeout = "1s"
+header-read-timeout = "4s"
+body-read-timeout = "5s"
+max-inflight = 12
+latency-target = "40ms"
+drain-timeout = "6s"
+policy-recheck = "7s"
+host-header = "upstream"
+"#,
+        )
+        .unwrap();
+        let c = Config::from_args(ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:18080".parse().unwrap());
+        assert_eq!(c.admin_listen, "127.0.0.1:19901".parse().unwrap());
+        assert_eq!(c.policies, PathBuf::from("elsewhere"));
+        assert_eq!(c.stream_header, "x-topic");
+        assert_eq!(c.max_body, 4096);
+        assert_eq!(c.upstream_timeout, Duration::from_secs(3));
+        assert_eq!(c.connect_timeout, Duration::from_secs(1));
+        assert_eq!(c.header_read_timeout, Duration::from_secs(4));
+        assert_eq!(c.body_read_timeout, Duration::from_secs(5));
+        assert_eq!(c.controller.max_inflight.get(), 12);
+        assert_eq!(c.controller.latency_target, Duration::from_millis(40));
+        assert_eq!(c.drain_timeout, Duration::from_secs(6));
+        assert_eq!(c.policy_recheck, Duration::from_secs(7));
+        assert_eq!(c.host_header, HostHeader::Upstream);
+    }
+
+    /// Durations and enums are parsed where they enter, with what was wrong.
+    #[test]
+    fn bad_durations_and_enums_are_refused_at_the_edge() {
+        assert!(
+            "0s".parse::<HumanDuration>()
+                .unwrap_err()
+                .contains("positive")
+        );
+        assert!(
+            "soon"
+                .parse::<HumanDuration>()
+                .unwrap_err()
+                .contains("soon")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shedgate.toml");
+        for (text, says) in [
+            ("latency-target = \"fast\"\n", "fast"),
+            ("host-header = \"proxy\"\n", "proxy"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = Config::from_args(ServeArgs {
+                config: Some(path.clone()),
+                ..ServeArgs::default()
+            })
+            .unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
     }
 }

@@ -69,8 +69,19 @@ impl BodyProgress {
     }
 }
 
-/// How the proxy sets `Host` on forwarded requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the proxy sets `Host` on forwarded requests (`--host-header client|upstream`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum HostHeader {
     /// Pass the client's `Host` through (virtual hosting upstream still works).
     #[default]

@@ -144,8 +144,8 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         upstream: Some(format!("http://{upstream_addr}")),
         policies: Some(args.policies.clone()),
         max_inflight: Some(args.workers.max(1)),
-        latency_target: Some(format!("{}ms", args.service_ms * 3 / 2)),
-        upstream_timeout: Some("5s".into()),
+        latency_target: Some(Duration::from_millis(args.service_ms * 3 / 2).into()),
+        upstream_timeout: Some(Duration::from_secs(5).into()),
         ..ServeArgs::default()
     })?;
     let sources = Sources::system();

@@ -172,8 +172,8 @@ async fn upstream_too_slow_is_504() {
             ..Behaviour::default()
         },
         |a| {
-            a.upstream_timeout = Some("300ms".into());
-            a.latency_target = Some("100ms".into());
+            a.upstream_timeout = Some(Duration::from_millis(300).into());
+            a.latency_target = Some(Duration::from_millis(100).into());
         },
     )
     .await;
@@ -254,7 +254,7 @@ impl http_body::Body for Chunks {
 #[tokio::test]
 async fn slow_body_is_408_and_never_reaches_the_upstream() {
     let (upstream, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
-        a.body_read_timeout = Some("300ms".into());
+        a.body_read_timeout = Some(Duration::from_millis(300).into());
     })
     .await;
     let mut tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
@@ -720,9 +720,9 @@ fn readme_lists_every_metric() {
 #[tokio::test]
 async fn slow_never_stream_body_is_408_not_504() {
     let (_upstream, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
-        a.body_read_timeout = Some("1s".into());
-        a.upstream_timeout = Some("200ms".into());
-        a.latency_target = Some("50ms".into());
+        a.body_read_timeout = Some(Duration::from_secs(1).into());
+        a.upstream_timeout = Some(Duration::from_millis(200).into());
+        a.latency_target = Some(Duration::from_millis(50).into());
     })
     .await;
     let mut tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
@@ -750,7 +750,7 @@ async fn slow_never_stream_body_is_408_not_504() {
 #[tokio::test]
 async fn host_header_can_be_the_upstreams() {
     let (upstream, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
-        a.host_header = Some("upstream".into());
+        a.host_header = Some(shedgate::upstream::HostHeader::Upstream);
     })
     .await;
     let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))

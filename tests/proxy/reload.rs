@@ -26,7 +26,7 @@ fn areas_with_default(rank: u8) -> String {
 
 async fn spawn_watched(upstream: &MockUpstream, dir: &Path) -> Running {
     spawn_proxy_with(&upstream.url(), dir, |a| {
-        a.policy_recheck = Some("1h".into())
+        a.policy_recheck = Some(Duration::from_secs(3600).into())
     })
     .await
 }
