@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::error::{find_key_line, io_error, parse_toml};
+use super::error::{io_error, line_col, parse_toml};
 use super::file::{AreasFile, StreamsFile};
 use super::routes::{compile_routes, mode_reading};
 use super::*;
@@ -149,17 +149,20 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
 
     let d = &sf.defaults;
     let curve = Curve::new(
-        d.band.unwrap_or(Curve::DEFAULT_BAND),
-        d.ramp.unwrap_or(Curve::DEFAULT_RAMP),
+        d.band
+            .as_ref()
+            .map_or(Curve::DEFAULT_BAND, |v| *v.get_ref()),
+        d.ramp
+            .as_ref()
+            .map_or(Curve::DEFAULT_RAMP, |v| *v.get_ref()),
     )
     .map_err(|e| {
-        let field = match e {
-            crate::policy::curve::CurveError::Band(_) => "defaults.band",
-            crate::policy::curve::CurveError::Ramp(_) => "defaults.ramp",
+        let (field, span) = match e {
+            crate::policy::curve::CurveError::Band(_) => ("defaults.band", d.band.as_ref()),
+            crate::policy::curve::CurveError::Ramp(_) => ("defaults.ramp", d.ramp.as_ref()),
         };
         let mut err = at(streams_path, field.into(), e.to_string());
-        err.location.line_col =
-            find_key_line(streams_text, field.rsplit('.').next().unwrap_or(field));
+        err.location.line_col = span.map(|v| line_col(streams_text, v.span().start));
         err
     })?;
     let default_stale = d.stale_after.map_or(DEFAULT_STALE_AFTER, |v| v.0);

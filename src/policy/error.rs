@@ -97,7 +97,7 @@ pub(super) fn parse_toml<T: serde::de::DeserializeOwned>(
 }
 
 /// 1-based line and column of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let col = before
@@ -105,15 +105,4 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
         .map_or(before.len(), |i| before.len() - i - 1)
         + 1;
     (line, col)
-}
-
-/// The line of the first `key = …` assignment, for cross-field errors found after parsing.
-pub(super) fn find_key_line(text: &str, key: &str) -> Option<(usize, usize)> {
-    text.lines().enumerate().find_map(|(i, l)| {
-        let t = l.trim_start();
-        let rest = t.strip_prefix(key)?;
-        rest.trim_start()
-            .starts_with('=')
-            .then_some((i + 1, l.len() - t.len() + 1))
-    })
 }

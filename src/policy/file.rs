@@ -112,10 +112,10 @@ pub struct RouteSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DefaultsSection {
-    /// Curve band in ranks, `[0, 50]`; default 25.
-    pub band: Option<f64>,
-    /// Curve ramp in pressure units, `[0, 0.5]`; default 0.05.
-    pub ramp: Option<f64>,
+    /// Curve band in ranks, `[0, 50]`; default 25. Spanned: a range error points at it.
+    pub band: Option<toml::Spanned<f64>>,
+    /// Curve ramp in pressure units, `[0, 0.5]`; default 0.05. Spanned, as `band`.
+    pub ramp: Option<toml::Spanned<f64>>,
     /// Default `stale_after` for streams that set none; default 30 s.
     pub stale_after: Option<DurationValue>,
     /// Global mode: `warn` makes every stream warn-only; default `enforce`.

@@ -112,6 +112,19 @@ fn errors_name_file_line_and_field() {
     assert_eq!(e.location.line_col.map(|l| l.0), Some(1));
 }
 
+/// A range error found after parsing points at the value itself (toml spans), not at the
+/// first line that happens to start with the key's name.
+#[test]
+fn curve_range_errors_point_at_the_value() {
+    let streams = "[defaults]\nstale_after = \"30s\"\n  ramp =   0.9\n[streams.a]\nsupersession = \"never\"\n";
+    let e = compile_str(streams, "").unwrap_err();
+    assert_eq!(e.location.line_col, Some((3, 12)), "{e}");
+    assert_eq!(e.location.field.as_deref(), Some("defaults.ramp"));
+    let e = compile_str("[defaults]\nband = 51\n", "").unwrap_err();
+    assert_eq!(e.location.line_col, Some((2, 8)), "{e}");
+    assert_eq!(e.location.field.as_deref(), Some("defaults.band"));
+}
+
 #[test]
 fn finer_cells_are_refused_and_coarser_cells_expand() {
     // Resolution 5 (finer): refused.
