@@ -96,6 +96,7 @@ impl PolicyStore {
         let snapshot = Snapshot::new(&metrics, compiled.policy);
         let now = sources.now();
         metrics.policy_loaded(snapshot.policy.version(), now);
+        metrics.export_disabled(&snapshot.policy, now);
         Ok((
             PolicyStore {
                 dir: dir.to_owned(),
@@ -176,6 +177,7 @@ impl PolicyStore {
                 self.live.store(Arc::clone(&snapshot));
                 let now = self.sources.now();
                 self.metrics.policy_loaded(&version, now);
+                self.metrics.export_disabled(&snapshot.policy, now);
                 let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
                 *status = ReloadStatus {
                     last_error: None,
