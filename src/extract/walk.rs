@@ -1,5 +1,10 @@
 //! The walk: a serde visitor that descends only along a shape's pointers, captures each
 //! leaf as raw JSON text, and reads it into coordinates, a time or a stream name.
+//!
+//! The small readers below are `#[inline]`: they are called once per captured field from the
+//! visitors, which are instantiated in the caller's codegen unit. Without it, splitting the
+//! walk into this module cost 10% of extraction (`cargo bench --bench decision`,
+//! `part/extract-3-fields`: 0.78 µs against 0.70 µs before the split; 0.69 µs with it).
 
 use std::fmt;
 
@@ -20,6 +25,7 @@ pub(super) struct EventCaps<'de> {
 }
 
 impl<'de> EventCaps<'de> {
+    #[inline]
     fn set(&mut self, target: Target, raw: &'de RawValue) {
         // Duplicate keys: the last one wins, as serde_json and most JSON readers do.
         match target {
@@ -35,6 +41,7 @@ impl<'de> EventCaps<'de> {
         }
     }
 
+    #[inline]
     pub(super) fn read(&self) -> EventFacts {
         let coordinates = match (self.lat, self.lon, self.lonlat) {
             (Some(lat), Some(lon), _) => match (read_number(lat), read_number(lon)) {
@@ -73,6 +80,7 @@ pub(super) struct Captures<'de> {
 }
 
 /// A GeoJSON position: `[lon, lat]` or `[lon, lat, alt]`, numbers or numeric strings.
+#[inline]
 fn read_lonlat(raw: &RawValue) -> Coordinates {
     match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
         Ok(items) if items.len() >= 2 => match (read_number(items[0]), read_number(items[1])) {
@@ -84,6 +92,7 @@ fn read_lonlat(raw: &RawValue) -> Coordinates {
 }
 
 /// The text of a JSON string without its quotes, unescaped only when it has escapes.
+#[inline]
 fn string_content(raw: &RawValue) -> Option<std::borrow::Cow<'_, str>> {
     let text = raw.get();
     if !text.starts_with('"') {
@@ -98,6 +107,7 @@ fn string_content(raw: &RawValue) -> Option<std::borrow::Cow<'_, str>> {
 }
 
 /// A number, or a string holding one ("numbers as strings", a common sender habit).
+#[inline]
 fn read_number(raw: &RawValue) -> Option<f64> {
     let text = raw.get();
     let first = *text.as_bytes().first()?;
@@ -107,6 +117,7 @@ fn read_number(raw: &RawValue) -> Option<f64> {
     string_content(raw)?.trim().parse::<f64>().ok()
 }
 
+#[inline]
 fn read_time(raw: &RawValue) -> Option<UnixMillis> {
     let text = raw.get();
     let first = *text.as_bytes().first()?;
