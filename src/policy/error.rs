@@ -86,7 +86,11 @@ pub(super) fn parse_toml<T: serde::de::DeserializeOwned>(
         message: e.message().trim().to_owned(),
     })?;
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
+        // A `toml::Spanned` value adds its private inner key to the path: not the user's.
+        let field = e
+            .path()
+            .to_string()
+            .replace(".$__serde_spanned_private_value", "");
         let field = (field != "." && !field.is_empty()).then_some(field);
         let inner = e.into_inner();
         PolicyError {

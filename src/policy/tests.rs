@@ -123,6 +123,9 @@ fn curve_range_errors_point_at_the_value() {
     let e = compile_str("[defaults]\nband = 51\n", "").unwrap_err();
     assert_eq!(e.location.line_col, Some((2, 8)), "{e}");
     assert_eq!(e.location.field.as_deref(), Some("defaults.band"));
+    let e = compile_str("[defaults]\nramp = \"steep\"\n", "").unwrap_err();
+    assert_eq!(e.location.line_col.map(|l| l.0), Some(2), "{e}");
+    assert_eq!(e.location.field.as_deref(), Some("defaults.ramp"), "{e}");
 }
 
 #[test]
