@@ -122,10 +122,20 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// These settings over `file`'s: each key set here wins. Generic over the fields (both
     /// go through the same serde form), so no setting can be left out of the merge.
-    fn over(&self, file: &ServeArgs) -> Result<ServeArgs, toml::ser::Error> {
-        let mut merged = toml::Table::try_from(file)?;
-        merged.extend(toml::Table::try_from(self)?);
-        ServeArgs::deserialize(merged).map_err(serde::ser::Error::custom)
+    ///
+    /// # Errors
+    /// A flag whose value has no TOML form (a `--max-body` above `i64::MAX`, a path that is
+    /// not UTF-8) cannot be merged: [`ConfigError::Invalid`] naming the config file.
+    fn over(&self, file: &ServeArgs) -> Result<ServeArgs, ConfigError> {
+        let unmergeable = |e: &dyn fmt::Display| {
+            invalid(
+                "config",
+                format!("a flag cannot be combined with the config file: {e}"),
+            )
+        };
+        let mut merged = toml::Table::try_from(file).map_err(|e| unmergeable(&e))?;
+        merged.extend(toml::Table::try_from(self).map_err(|e| unmergeable(&e))?);
+        ServeArgs::deserialize(merged).map_err(|e| unmergeable(&e))
     }
 }
 
@@ -203,13 +213,7 @@ impl Config {
     /// that is the proxy's own listener).
     pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
         let args = match &args.config {
-            Some(path) => {
-                let file = read_file(path)?;
-                args.over(&file).map_err(|e| ConfigError::File {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?
-            }
+            Some(path) => args.over(&read_file(path)?)?,
             None => args,
         };
         let listen = args
