@@ -97,6 +97,7 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
     let mut at = start;
     let mut phase_end = start;
     let mut tasks = Vec::new();
+    let clock = Sources::system();
     for &(len, factor) in phases {
         phase_end += Duration::from_secs(len);
         let rate = capacity * factor;
@@ -108,13 +109,7 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
             }
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
-            let body = shedgate::demo::event_body(
-                &mut rng,
-                ev.stream,
-                ev.lat,
-                ev.lon,
-                Sources::system().now(),
-            );
+            let body = shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now());
             let req = Request::post(url)
                 .header("x-stream", ev.stream)
                 .header("content-type", "application/json")

@@ -61,7 +61,6 @@ pub struct Parts {
 pub fn build_stack(
     config: &Config,
     parts: &Parts,
-    sources: Sources,
 ) -> impl Service<Request<Incoming>, Response = http::Response<Body>, Error = Infallible, Future: Send>
 + Clone
 + Send
@@ -79,7 +78,7 @@ pub fn build_stack(
                 body_read_timeout: config.body_read_timeout,
                 capacity: config.controller.max_inflight.get(),
             },
-            sources,
+            parts.store.sources().clone(),
         ))
         // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the
         // mapping of client failures to 502/504/408/413 responses (never errors that would
@@ -152,7 +151,7 @@ pub async fn start(
         })?;
     let (shutdown, shutdown_rx) = watch::channel(false);
 
-    let stack = build_stack(&config, &parts, sources);
+    let stack = build_stack(&config, &parts);
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(serve_proxy(
         listener,

@@ -14,7 +14,7 @@ use crate::policy::{Policy, StreamId};
 
 /// What is known of a request before its body is read: the route that matched and its content
 /// mode, and the stream when a header, the route or the caller named it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
     /// The matched route and its content mode, as indices into the policy's routes (see
     /// [`Policy::route_index`] and [`crate::policy::Route::mode_index`]); `None` when no
