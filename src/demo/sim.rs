@@ -468,7 +468,7 @@ pub fn geographic_events(
         .collect()
 }
 
-/// A scenario's figures over a window of its seconds (the targets, measured).
+/// A scenario's figures over a window of its seconds (the controller's targets in docs/pressure.md, measured).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figures {
     /// Completed requests per second over the window, as a share of capacity (0.0–1.0+).

@@ -36,8 +36,8 @@ async fn pressure_can_be_pinned_unpinned_and_read() {
     }
 }
 
-/// Only answers the upstream gave, and not its 5xx, are latency samples (issue 4: the
-/// controller "ignores samples that are not upstream latency"): a fast 503 says nothing about
+/// Only answers the upstream gave, and not its 5xx, are latency samples (docs/pressure.md
+/// "Pressure": only upstream latency is a sample): a fast 503 says nothing about
 /// how long served requests take. The same requests answered 200 are samples.
 #[tokio::test]
 async fn upstream_5xx_are_not_latency_samples() {
