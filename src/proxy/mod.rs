@@ -7,10 +7,11 @@
 //! lives in [`crate::admission`].
 //!
 //! One stage per file, in request order (as tower splits `limit` into layer, service and
-//! future): `layer.rs` (configuration), `service.rs` (framing and stream resolution, then the
-//! branch), `read.rs` (a sheddable body read and decided), `budget.rs` (class budgets and the
-//! capped wait), `forward.rs` (in-flight accounting and the upstream call), `future.rs` (the
-//! response future), and `body.rs` (the body wrappers).
+//! future): `layer.rs` (configuration), `service.rs` (the framing check, then the branch),
+//! `resolve.rs` (route and stream before the body), `read.rs` (a sheddable body read and
+//! decided), `budget.rs` (class budgets and the capped wait), `forward.rs` (in-flight
+//! accounting and the upstream call), `future.rs` (the response future), and `body.rs` (the
+//! body wrappers).
 
 mod body;
 mod budget;
@@ -18,6 +19,7 @@ mod forward;
 mod future;
 mod layer;
 mod read;
+mod resolve;
 mod service;
 
 use std::sync::Arc;

@@ -16,10 +16,11 @@ use super::budget::{capped, hold_for_room};
 use super::forward::{forward, reject, stream_through};
 use super::future::ResponseFuture;
 use super::read::admit_sheddable;
+use super::resolve::resolve;
 use crate::BoxError;
 use crate::admission::Reading;
 use crate::edge::rejection::{Body, Rejection};
-use crate::policy::{StreamId, StreamSource, Supersession};
+use crate::policy::Supersession;
 use crate::upstream::ForwardBody;
 
 /// The admission service.
@@ -63,39 +64,9 @@ where
         {
             return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
         }
-        // The route (a path prefix) says how to read the request; without one, the stream
-        // header and the stream's own pointers.
         let policy = &snapshot.policy;
-        let route = policy.route_index(req.uri().path()).map(|i| {
-            let ct = req
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .map(|v| v.as_bytes());
-            (i, policy.routes()[i].mode_index(ct))
-        });
-        let source = route.map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
-        let header_value = |name: &http::HeaderName| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-        };
-        let header_stream =
-            |name: &http::HeaderName| header_value(name).and_then(|v| policy.stream(v));
-        // `None` here: the stream is named in the body, known only once it is read.
-        let known: Option<Option<StreamId>> = match source {
-            None | Some(StreamSource::DefaultHeader) => {
-                Some(header_stream(&shared.settings.stream_header))
-            }
-            Some(StreamSource::Header(h)) => Some(header_stream(h)),
-            Some(mapped @ StreamSource::MappedHeader { name, .. }) => Some(
-                header_value(name)
-                    .and_then(|v| mapped.map_field(v))
-                    .and_then(|n| policy.stream(&n)),
-            ),
-            Some(StreamSource::Fixed(name)) => Some(policy.stream(name)),
-            Some(StreamSource::Field { .. }) => None,
-        };
+        let reading = resolve(policy, &req, &shared.settings.stream_header);
+        let Reading { route, known } = reading;
         let stream = known.flatten();
         let declared = req
             .headers()
