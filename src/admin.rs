@@ -1,6 +1,6 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz`, `GET /policy`,
-//! `POST /reload`, and `GET|PUT|DELETE /pressure` (docs/operations.md "Observability", "Pressure",
-//! "Policy files and hot reload").
+//! `POST /reload`, and `GET|PUT|DELETE /pressure` (docs/operations.md "Observability",
+//! "Policy files and hot reload"; docs/pressure.md "Pressure").
 //!
 //! It binds to loopback by default: it can pin pressure, so it is an operator's tool, not a
 //! public one.

@@ -1,6 +1,7 @@
 //! Metrics as a declared API: every name is a constant here with its description, handles are
 //! registered once (off the hot path), and labels carry only names from the policy, never a
-//! value a client sent (docs/operations.md "Observability", "Areas").
+//! value a client sent (docs/operations.md "Observability";
+//! docs/decision.md "Areas").
 //!
 //! Each proxy owns its own Prometheus recorder (no global recorder), so several proxies in
 //! one process — the tests, the demo — keep separate counts.

@@ -1,6 +1,7 @@
 //! The policy: stream classes and extraction, areas and ranks, the curve. Parsed from the
 //! files in a policy directory, validated and compiled into an immutable [`Policy`]
-//! (docs/operations.md "Policy files and hot reload", "Areas").
+//! (docs/operations.md "Policy files and hot reload";
+//! docs/decision.md "Areas").
 
 mod compile;
 pub mod curve;
