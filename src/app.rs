@@ -78,7 +78,6 @@ pub fn build_stack(
                 body_read_timeout: config.body_read_timeout,
                 capacity: config.controller.max_inflight.get(),
             },
-            parts.store.sources().clone(),
         ))
         // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the
         // mapping of client failures to 502/504/408/413 responses (never errors that would

@@ -138,7 +138,7 @@ async fn wait_for_room(
 /// A capped `never` class stayed over its budget for the whole wait: 503 + `Retry-After`.
 fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) -> Response<Body> {
     let policy = &snapshot.policy;
-    let now = shared.sources.now();
+    let now = shared.sources().now();
     let pressure = shared.pressure.pressure();
     let decision = crate::admission::Decision::cap_exceeded(policy, pressure);
     let m = &snapshot.metrics;
@@ -153,7 +153,7 @@ fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) 
     );
     Rejection::Shed {
         explanation: Explanation::new(policy, name, &decision),
-        retry_after: retry_after(pressure, shared.sources.draw(), policy.retry_after()),
+        retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
     }
     .into_response()
 }

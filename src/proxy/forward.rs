@@ -55,7 +55,7 @@ where
 {
     let class = snapshot.policy.class_of(stream);
     let counts = snapshot.metrics.counts(stream);
-    counts.accepted(shared.sources.now());
+    counts.accepted(shared.sources().now());
     let guard = (
         shared.pressure.start(),
         reserved.unwrap_or_else(|| shared.classes.start(class)),

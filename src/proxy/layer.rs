@@ -7,7 +7,6 @@ use tower::Layer;
 use super::budget::ClassLoad;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared};
-use crate::clock::Sources;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
 
@@ -18,19 +17,18 @@ pub struct AdmissionLayer {
 }
 
 impl AdmissionLayer {
-    /// A layer deciding with the live policy in `store` and the pressure in `pressure`.
+    /// A layer deciding with the live policy in `store` and the pressure in `pressure`. The
+    /// clock and the draw are the store's ([`PolicyStore::sources`]): one per proxy.
     pub fn new(
         store: Arc<PolicyStore>,
         pressure: Arc<PressureGauge>,
         settings: AdmissionSettings,
-        sources: Sources,
     ) -> Self {
         AdmissionLayer {
             shared: Arc::new(Shared {
                 store,
                 pressure,
                 settings,
-                sources,
                 classes: Arc::new(ClassLoad::default()),
             }),
         }

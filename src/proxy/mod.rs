@@ -56,12 +56,16 @@ struct Shared {
     store: Arc<PolicyStore>,
     pressure: Arc<PressureGauge>,
     settings: AdmissionSettings,
-    sources: Sources,
     /// In flight per class, for budgets.
     classes: Arc<ClassLoad>,
 }
 
 impl Shared {
+    /// The proxy's clock and draw: the policy store's.
+    fn sources(&self) -> &Sources {
+        self.store.sources()
+    }
+
     fn load(&self) -> Load {
         self.classes
             .load(self.pressure.inflight(), self.settings.capacity)

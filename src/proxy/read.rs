@@ -76,14 +76,14 @@ where
         }
     }
     let pressure = shared.pressure.admission_pressure();
-    let now = shared.sources.now();
+    let now = shared.sources().now();
     let decision = decide(
         policy,
         stream,
         &facts,
         now,
         pressure,
-        shared.sources.draw(),
+        shared.sources().draw(),
         &shared.load(),
     );
     m.shed(stream, decision.area, decision.verdict);
@@ -110,7 +110,7 @@ where
                     status: policy.stale_status(),
                 }
             } else {
-                let secs = retry_after(pressure, shared.sources.draw(), policy.retry_after());
+                let secs = retry_after(pressure, shared.sources().draw(), policy.retry_after());
                 Rejection::Shed {
                     explanation,
                     retry_after: secs,

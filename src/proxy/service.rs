@@ -18,7 +18,6 @@ use super::future::ResponseFuture;
 use super::read::admit_sheddable;
 use super::resolve::resolve;
 use crate::BoxError;
-use crate::admission::Reading;
 use crate::edge::rejection::{Body, Rejection};
 use crate::policy::Supersession;
 use crate::upstream::ForwardBody;
@@ -66,8 +65,7 @@ where
         }
         let policy = &snapshot.policy;
         let reading = resolve(policy, &req, &shared.settings.stream_header);
-        let Reading { route, known } = reading;
-        let stream = known.flatten();
+        let stream = reading.known.flatten();
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
@@ -80,15 +78,14 @@ where
             };
             return ResponseFuture::ready(reject(&snapshot, stream, rejection));
         }
-        let sheddable = match known {
+        let sheddable = match reading.known {
             None => true,
             Some(stream) => stream.is_some_and(|id| {
                 policy.stream_policy(id).supersession == Supersession::SelfSuperseding
             }),
         };
         if sheddable {
-            let read = Reading { route, known };
-            ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, read, req))
+            ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, reading, req))
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
             // through, still bounded in size and time.
