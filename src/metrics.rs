@@ -350,8 +350,10 @@ impl Metrics {
         self.proxy_errors[kind as usize].increment(1);
     }
 
-    /// Records a successful policy load of `version` at `now`.
-    pub fn policy_loaded(&self, version: &str, now: crate::clock::UnixMillis) {
+    /// Records a successful load of `policy` at `now`: its version, the reload gauges, and
+    /// what it disables ([`Metrics::export_disabled`]).
+    pub fn policy_loaded(&self, policy: &Policy, now: crate::clock::UnixMillis) {
+        let version = policy.version();
         self.reload_success.increment(1);
         self.reload_ok.set(1.0);
         #[expect(
@@ -369,6 +371,8 @@ impl Metrics {
         }
         gauge.set(1.0);
         *info = Some(gauge);
+        drop(info);
+        self.export_disabled(policy, now);
     }
 
     /// The files on disk are the live policy again after a failure (restored by hand).

@@ -95,8 +95,7 @@ impl PolicyStore {
         let compiled = compile(&PolicyFiles::read(dir)?)?;
         let snapshot = Snapshot::new(&metrics, compiled.policy);
         let now = sources.now();
-        metrics.policy_loaded(snapshot.policy.version(), now);
-        metrics.export_disabled(&snapshot.policy, now);
+        metrics.policy_loaded(&snapshot.policy, now);
         Ok((
             PolicyStore {
                 dir: dir.to_owned(),
@@ -176,8 +175,7 @@ impl PolicyStore {
                 let snapshot = Arc::new(Snapshot::new(&self.metrics, compiled.policy));
                 self.live.store(Arc::clone(&snapshot));
                 let now = self.sources.now();
-                self.metrics.policy_loaded(&version, now);
-                self.metrics.export_disabled(&snapshot.policy, now);
+                self.metrics.policy_loaded(&snapshot.policy, now);
                 let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
                 *status = ReloadStatus {
                     last_error: None,
