@@ -340,6 +340,17 @@ mod tests {
         }
     }
 
+    /// `flags` with a `--config` file holding `text`.
+    fn with_file(text: &str, flags: ServeArgs) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shedgate.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::from_args(ServeArgs {
+            config: Some(path),
+            ..flags
+        })
+    }
+
     #[test]
     fn defaults() {
         let c = Config::from_args(args("http://127.0.0.1:3000")).unwrap();
@@ -367,37 +378,25 @@ mod tests {
 
     #[test]
     fn file_then_flags() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("shedgate.toml");
-        std::fs::write(
-            &path,
-            "upstream = \"http://127.0.0.1:3000\"\nmax-inflight = 8\nlatency-target = \"25ms\"\n",
-        )
-        .unwrap();
-        let mut a = ServeArgs {
-            config: Some(path.clone()),
+        let flags = ServeArgs {
+            max_inflight: Some(16),
             ..ServeArgs::default()
         };
-        a.max_inflight = Some(16);
-        let c = Config::from_args(a).unwrap();
+        let c = with_file(
+            "upstream = \"http://127.0.0.1:3000\"\nmax-inflight = 8\nlatency-target = \"25ms\"\n",
+            flags,
+        )
+        .unwrap();
         assert_eq!(c.controller.max_inflight.get(), 16);
         assert_eq!(c.controller.latency_target, Duration::from_millis(25));
-        std::fs::write(&path, "upstreem = \"x\"\n").unwrap();
-        let e = Config::from_args(ServeArgs {
-            config: Some(path),
-            ..ServeArgs::default()
-        })
-        .unwrap_err();
+        let e = with_file("upstreem = \"x\"\n", ServeArgs::default()).unwrap_err();
         assert!(e.to_string().contains("upstreem"), "{e}");
     }
 
     /// Every setting is a file key: a file giving all of them configures all of them.
     #[test]
     fn every_flag_is_a_file_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("shedgate.toml");
-        std::fs::write(
-            &path,
+        let c = with_file(
             r#"
 listen = "127.0.0.1:18080"
 upstream = "http://127.0.0.1:3000"
@@ -415,12 +414,8 @@ drain-timeout = "6s"
 policy-recheck = "7s"
 host-header = "upstream"
 "#,
+            ServeArgs::default(),
         )
-        .unwrap();
-        let c = Config::from_args(ServeArgs {
-            config: Some(path),
-            ..ServeArgs::default()
-        })
         .unwrap();
         assert_eq!(c.listen, "127.0.0.1:18080".parse().unwrap());
         assert_eq!(c.admin_listen, "127.0.0.1:19901".parse().unwrap());
@@ -452,18 +447,11 @@ host-header = "upstream"
                 .unwrap_err()
                 .contains("soon")
         );
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("shedgate.toml");
         for (text, says) in [
             ("latency-target = \"fast\"\n", "fast"),
             ("host-header = \"proxy\"\n", "proxy"),
         ] {
-            std::fs::write(&path, text).unwrap();
-            let e = Config::from_args(ServeArgs {
-                config: Some(path.clone()),
-                ..ServeArgs::default()
-            })
-            .unwrap_err();
+            let e = with_file(text, ServeArgs::default()).unwrap_err();
             assert!(e.to_string().contains(says), "{e}");
         }
     }
