@@ -46,6 +46,10 @@ pub enum Rejection {
         explanation: Explanation,
         /// The status to answer.
         status: StatusCode,
+        /// The sender's own success body (`application/json`, see
+        /// [`crate::policy::Policy::stale_body`]) instead of the problem document, so that
+        /// the sender counts the event as delivered and does not resend it.
+        success_body: Option<Bytes>,
     },
     /// Declared or streamed body over the limit: 413.
     PayloadTooLarge {
@@ -284,11 +288,20 @@ impl Rejection {
             explanation,
         };
         let close = matches!(self, Rejection::BadFraming(_));
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let (body, content_type) = match &self {
+            Rejection::Stale {
+                success_body: Some(body),
+                ..
+            } => (body.clone(), "application/json"),
+            _ => (
+                Bytes::from(serde_json::to_vec(&problem).unwrap_or_default()),
+                PROBLEM_JSON,
+            ),
+        };
         let mut response = Response::new(full(body));
         *response.status_mut() = status;
         let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(secs) = retry {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }

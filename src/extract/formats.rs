@@ -167,6 +167,22 @@ impl Format {
         }
     }
 
+    /// The body this format's sender counts as a successful delivery, when its client reads
+    /// the body of a 2xx (served as `application/json`; see [`crate::policy::SuccessBody`]):
+    /// - `owntracks`: `[]`. OwnTracks 2.5.x treats a 2xx as delivered only when the body
+    ///   parses as a JSON array (the commands to run; empty: none), and re-queues anything
+    ///   else.
+    /// - `overland`: `{"result":"ok"}`. Overland deletes a batch only on a JSON object whose
+    ///   `result` is `"ok"`.
+    /// - every other format: `None` (their senders look at the status only).
+    pub fn success_body(self) -> Option<&'static str> {
+        match self {
+            Format::Owntracks => Some("[]"),
+            Format::Overland => Some(r#"{"result":"ok"}"#),
+            _ => None,
+        }
+    }
+
     /// Where an event's data sits in this content mode, for pointer overrides (which are
     /// relative to the data): `/data` for CloudEvents structured and batched events (in
     /// binary mode the body is the data); the event itself for every other format.

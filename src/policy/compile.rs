@@ -261,7 +261,13 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         });
     }
 
-    let routes = compile_routes(sf.routes, &stream_index, streams_path, &mut warnings)?;
+    let routes = compile_routes(
+        sf.routes,
+        &stream_index,
+        streams_path,
+        streams_text,
+        &mut warnings,
+    )?;
     let mut classes = [ClassPolicy::default(); 3];
     for (class, c) in &sf.classes {
         let field = |f: &str| format!("classes.{}.{f}", class.as_str());
@@ -483,6 +489,23 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         });
     }
 
+    let stale_status = sf
+        .defaults
+        .stale_status
+        .map_or(http::StatusCode::ACCEPTED, |s| s.0);
+    let bodiless = !stale_status.is_success() || matches!(stale_status.as_u16(), 204 | 205);
+    for r in routes.iter().filter(|r| bodiless && r.stale_body.is_some()) {
+        warnings.push(Warning {
+            file: streams_path.to_owned(),
+            message: format!(
+                "route {:?} answers stale events with a success body, but stale_status {} \
+                 carries none: its sender may resend stale events forever",
+                r.prefix,
+                stale_status.as_u16()
+            ),
+        });
+    }
+
     let version = files.version();
 
     Ok(Compiled {
@@ -496,10 +519,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             default_rank,
             curve,
             mode,
-            stale_status: sf
-                .defaults
-                .stale_status
-                .map_or(http::StatusCode::ACCEPTED, |s| s.0),
+            stale_status,
             classes,
             retry_after,
         },

@@ -106,6 +106,10 @@ pub struct RouteSection {
     pub lon: Option<JsonPointer>,
     /// Time pointer, relative to the event.
     pub time: Option<JsonPointer>,
+    /// The JSON body answered (as `application/json`) to a stale event on this route,
+    /// instead of the format's success body or the problem document: what this route's
+    /// sender counts as delivered. Must be valid JSON.
+    pub stale_body: Option<toml::Spanned<String>>,
 }
 
 /// `[defaults]` in `streams.toml`.

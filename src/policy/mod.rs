@@ -301,6 +301,9 @@ pub struct Route {
     pub prefix: String,
     /// The format preset.
     pub format: Format,
+    /// The JSON body answered to a stale event on this route: the route's `stale_body`, else
+    /// the format's success body ([`Format::success_body`]); `None`: the problem document.
+    pub stale_body: Option<bytes::Bytes>,
     modes: Vec<(ContentMode, RouteMode)>,
 }
 
@@ -415,6 +418,30 @@ impl Policy {
     /// The status answered to stale sheds.
     pub fn stale_status(&self) -> http::StatusCode {
         self.stale_status
+    }
+
+    /// The body answered (as `application/json`) to a stale event that came on `route` (an
+    /// index into [`Policy::routes`]) of `stream`: the route's stale body, else the success
+    /// body of the stream's own format ([`Format::success_body`]). `None` (the problem
+    /// document) when neither has one, and whenever the stale status is not a 2xx that
+    /// carries content (a 4xx is no success, and 204 and 205 have no body, RFC 9110
+    /// sections 15.3.5 and 15.3.6). Only stale answers use it: a 503 never carries a
+    /// success body.
+    pub fn stale_body(
+        &self,
+        route: Option<usize>,
+        stream: Option<StreamId>,
+    ) -> Option<bytes::Bytes> {
+        let status = self.stale_status.as_u16();
+        if !self.stale_status.is_success() || status == 204 || status == 205 {
+            return None;
+        }
+        match route.and_then(|i| self.routes.get(i)) {
+            Some(r) => r.stale_body.clone(),
+            None => stream
+                .and_then(|id| self.streams[id.index()].format.success_body())
+                .map(|b| bytes::Bytes::from_static(b.as_bytes())),
+        }
     }
 
     /// A class's policy.

@@ -54,6 +54,7 @@ pub(super) fn compile_routes(
     sections: Vec<file::RouteSection>,
     streams: &HashMap<String, StreamId>,
     path: &Path,
+    text: &str,
     warnings: &mut Vec<Warning>,
 ) -> Result<Vec<Route>, PolicyError> {
     let mut routes: Vec<Route> = Vec::with_capacity(sections.len());
@@ -168,9 +169,28 @@ pub(super) fn compile_routes(
                 },
             ));
         }
+        let stale_body = match r.stale_body {
+            Some(body) => {
+                if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(body.get_ref()) {
+                    let mut e = err(
+                        "stale_body",
+                        format!(
+                            "stale_body must be a JSON text (it is served as application/json): {e}"
+                        ),
+                    );
+                    e.location.line_col = Some(super::error::line_col(text, body.span().start));
+                    return Err(e);
+                }
+                Some(bytes::Bytes::from(body.into_inner()))
+            }
+            None => format
+                .success_body()
+                .map(|b| bytes::Bytes::from_static(b.as_bytes())),
+        };
         routes.push(Route {
             prefix: r.prefix,
             format,
+            stale_body,
             modes,
         });
     }

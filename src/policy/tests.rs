@@ -188,3 +188,37 @@ fn empty_file_is_an_error() {
     let e = compile_str("", "").unwrap_err();
     assert!(e.message.contains("empty"));
 }
+
+/// Stale answers: a route's `stale_body` must be JSON (refused at its line otherwise); the
+/// format's success body applies without one; a status that carries no success body is
+/// warned about.
+#[test]
+fn stale_bodies() {
+    let bad = format!("{STREAMS}\n[[routes]]\nprefix = \"/a\"\nstale_body = \"ok\"\n");
+    let e = compile_str(&bad, "").unwrap_err();
+    assert_eq!(e.location.field.as_deref(), Some("routes[0].stale_body"));
+    assert_eq!(e.location.line_col.map(|(l, _)| l), Some(7), "{e}");
+    let routes = format!(
+        "{STREAMS}\n[[routes]]\nprefix = \"/ot\"\nformat = \"owntracks\"\n\n[[routes]]\nprefix = \"/ol\"\nformat = \"overland\"\nstream = \"vehicle.position\"\n\n[[routes]]\nprefix = \"/p\"\n"
+    );
+    let c = compile_str(&routes, "").unwrap();
+    let body = |i: usize| c.policy.stale_body(Some(i), None);
+    assert_eq!(body(0).as_deref(), Some(&b"[]"[..]));
+    assert_eq!(body(1).as_deref(), Some(&br#"{"result":"ok"}"#[..]));
+    assert_eq!(body(2), None);
+    assert!(
+        c.warnings
+            .iter()
+            .all(|w| !w.message.contains("stale_status"))
+    );
+    let no_content = format!("[defaults]\nstale_status = 204\n{routes}");
+    let c = compile_str(&no_content, "").unwrap();
+    assert_eq!(c.policy.stale_body(Some(0), None), None);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.message.contains("\"/ot\"") && w.message.contains("stale_status 204")),
+        "{:?}",
+        c.warnings
+    );
+}

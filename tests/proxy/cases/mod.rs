@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use super::support::*;
 
 mod formats;
+mod senders;
 
 const SECRET: &[u8] = b"shedgate-test-secret";
 
@@ -50,6 +51,18 @@ fn render(name: &str) -> Vec<u8> {
         )
         .replace("{{NOW_RFC3339_MS}}", &format!("{}Z", rfc3339(now, true)))
         .replace("{{NOW_RFC3339}}", &format!("{}Z", rfc3339(now, false)))
+        .replace(
+            "{{AGO_600_UNIX}}",
+            &(now.unix_timestamp() - 600).to_string(),
+        )
+        .replace(
+            "{{AGO_600_RFC3339}}",
+            &format!("{}Z", rfc3339(now - time::Duration::seconds(600), false)),
+        )
+        .replace(
+            "{{AGO_7200_RFC3339}}",
+            &format!("{}Z", rfc3339(now - time::Duration::hours(2), false)),
+        )
         .replace(
             "{{AGO_20_ISO_NOCOLON_MINUS0700}}",
             &format!("{}-0700", rfc3339(ago, false)),
