@@ -7,7 +7,7 @@
 //! | `pointers` | the body | `/lat`, `/lon` (the stream's pointers) | `/occurred_at` | header |
 //! | `owntracks` | the body | `/lat`, `/lon` | `/tst` (unix s) | body `/_type`, as `owntracks.<_type>` |
 //! | `traccar` | the body | `/position/latitude`, `/position/longitude` | `/position/fixTime`, else `/event/eventTime` | header |
-//! | `overland` | `/locations[*]` | GeoJSON `/geometry/coordinates` | `/properties/timestamp` | the route's `stream` |
+//! | `overland` | `/locations[*]`, and `/current` (the newest position, beside a backlog) | GeoJSON `/geometry/coordinates` | `/properties/timestamp` | the route's `stream` |
 //! | `geojson` | the Feature, or `/features[*]` | GeoJSON `/geometry/coordinates` | `/properties/time`, else `/properties/timestamp` | header |
 //! | `cloudevents` binary | the body (`data`) | `/lat`, `/lon` | `ce-time` header | `ce-type` header |
 //! | `cloudevents` structured | the body | `/data/lat`, `/data/lon` | `/time` | body `/type` |
@@ -125,6 +125,7 @@ impl Format {
             Format::Overland => (
                 Shape {
                     arrays: vec![p("/locations")],
+                    singles: vec![p("/current")],
                     lonlat: Some(p("/geometry/coordinates")),
                     time: vec![p("/properties/timestamp")],
                     ..Shape::default()
@@ -288,6 +289,32 @@ mod tests {
         );
         assert!(matches!(t.events[0].time, EventTime::At(_)));
         assert_eq!(t.events[0].coordinates, Coordinates::Missing);
+    }
+
+    #[test]
+    fn overland_current_joins_the_batch() {
+        let body = r#"{"locations":[{"geometry":{"coordinates":[11.58,48.13]},"properties":{"timestamp":"2026-05-28T18:26:40Z"}}],
+            "current":{"geometry":{"coordinates":[13.405,52.52]},"properties":{"timestamp":"2026-05-28T20:26:40Z"}}}"#;
+        let f = extract(Format::Overland, ContentMode::Binary, body);
+        assert!(f.batch);
+        assert_eq!(f.events.len(), 2);
+        assert_eq!(f.events[1].coordinates, Coordinates::new(52.52, 13.405));
+        // `current` first, null, or absent: never an extra untimed event.
+        let first =
+            r#"{"current":{"properties":{"timestamp":"2026-05-28T20:26:40Z"}},"locations":[]}"#;
+        assert_eq!(
+            extract(Format::Overland, ContentMode::Binary, first)
+                .events
+                .len(),
+            1
+        );
+        for none in [
+            r#"{"locations":[],"current":null}"#,
+            r#"{"locations":[],"current":{}}"#,
+        ] {
+            let f = extract(Format::Overland, ContentMode::Binary, none);
+            assert!(f.events.is_empty(), "{none}");
+        }
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct Shape {
     /// Arrays of events inside the document (Overland `/locations`, GeoJSON `/features`).
     /// When any is present in a body, the body is a batch of its elements.
     pub arrays: Vec<JsonPointer>,
+    /// Single events inside the document that join its batch (Overland's `/current`, the
+    /// device's newest position beside a backlog in `/locations`). Each is read with the
+    /// event pointers when it is an object with a readable fact.
+    pub singles: Vec<JsonPointer>,
     /// Latitude, relative to the event.
     pub lat: Option<JsonPointer>,
     /// Longitude, relative to the event.
@@ -51,6 +55,7 @@ impl Shape {
         let one = |p: &Option<JsonPointer>| p.as_ref().map(|p| p.as_str().to_owned());
         serde_json::json!({
             "events": if self.root_array { vec!["[*]".to_owned()] } else { texts(&self.arrays) },
+            "single_events": texts(&self.singles),
             "lat": one(&self.lat),
             "lon": one(&self.lon),
             "lonlat": one(&self.lonlat),
@@ -95,6 +100,8 @@ struct Node {
     target: Option<Target>,
     /// This value is an array of events; each element is walked with this subtree.
     each: Option<Box<Node>>,
+    /// This value is one more event of the batch, walked with this subtree.
+    one: Option<Box<Node>>,
 }
 
 impl Node {
@@ -162,14 +169,17 @@ impl Extractor {
             Node::default()
         };
         if shape.root {
-            all.extend(shape.arrays.iter());
+            all.extend(shape.arrays.iter().chain(&shape.singles));
             check(&all)?;
         } else {
-            let arrays: Vec<&JsonPointer> = shape.arrays.iter().collect();
+            let arrays: Vec<&JsonPointer> = shape.arrays.iter().chain(&shape.singles).collect();
             check(&arrays)?;
         }
         for array in &shape.arrays {
             root.at(array).each = Some(Box::new(event.clone()));
+        }
+        for single in &shape.singles {
+            root.at(single).one = Some(Box::new(event.clone()));
         }
         if shape.root_array {
             root.each = Some(Box::new(event));

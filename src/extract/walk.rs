@@ -25,6 +25,15 @@ pub(super) struct EventCaps<'de> {
 }
 
 impl<'de> EventCaps<'de> {
+    /// Nothing was captured.
+    fn is_empty(&self) -> bool {
+        self.lat.is_none()
+            && self.lon.is_none()
+            && self.lonlat.is_none()
+            && self.time.iter().all(Option::is_none)
+            && self.stream.is_none()
+    }
+
     #[inline]
     fn set(&mut self, target: Target, raw: &'de RawValue) {
         // Duplicate keys: the last one wins, as serde_json and most JSON readers do.
@@ -170,6 +179,23 @@ impl<'de> DeserializeSeed<'de> for Step<'_, 'de> {
                 caps: self.caps,
             }
             .deserialize(deserializer);
+        }
+        if let Some(one) = &self.node.one {
+            // One more event of the batch; dropped again when nothing of it was found
+            // (`null`, a scalar, an empty object), so it never counts as an untimed event.
+            self.caps.batch = true;
+            self.caps.events.push(EventCaps::default());
+            let at = self.caps.events.len() - 1;
+            Walk {
+                node: one,
+                at,
+                caps: &mut *self.caps,
+            }
+            .deserialize(deserializer)?;
+            if self.caps.events[at].is_empty() {
+                self.caps.events.pop();
+            }
+            return Ok(());
         }
         Walk {
             node: self.node,

@@ -84,3 +84,26 @@ stale_body = '{"status":"accepted"}'
     assert_eq!(a.header("content-type"), Some("application/json"));
     assert_eq!(upstream.count(), 0);
 }
+
+/// An Overland backlog (points 2 h old, Munich) with a fresh `current` point in Berlin: the
+/// batch is not stale and takes Berlin's rank, so it is kept at 0.75, and forwarded whole.
+#[tokio::test]
+async fn an_overland_backlog_with_a_fresh_current_point_drains() {
+    let s = setup().await;
+    let case = "formats/overland-backlog-current.http";
+    let sent = render(case);
+    let r = assert_forwarded_bytes(&s, case, &sent, 0.75).await;
+    let body_start = sent.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(r.body, &sent[body_start..], "forwarded whole");
+    // Without `current`, the same backlog is stale: answered with Overland's success.
+    pin(&s.proxy, 0.0).await;
+    let text = String::from_utf8(sent[body_start..].to_vec()).unwrap();
+    let backlog = &text[..text.find(",\"current\"").unwrap()];
+    let req = format!(
+        "POST /ingest/overland HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{backlog}}}",
+        backlog.len() + 1
+    );
+    let a = exchange(&s.proxy, req.as_bytes()).await;
+    assert_eq!((a.status, a.header("x-shed-reason")), (202, Some("stale")));
+    assert_eq!(a.body, br#"{"result":"ok"}"#);
+}
