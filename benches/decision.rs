@@ -61,7 +61,8 @@ fn bench(c: &mut Criterion) {
                 route: None,
                 known: Some(stream),
             };
-            let (stream, facts) = admission::assess(policy, reading, &headers, black_box(&body));
+            let (stream, facts) =
+                admission::assess(policy, reading, &headers, None, black_box(&body));
             let d = admission::decide(
                 policy,
                 stream,

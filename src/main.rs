@@ -186,7 +186,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
                     route: None,
                     known: Some(stream),
                 };
-                admission::assess(p, reading, &headers, &bytes).1
+                admission::assess(p, reading, &headers, None, &bytes).1
             }
             Err(e) => return fail(format!("{}: {e}", path.display())),
         },

@@ -31,6 +31,8 @@ pub const WOULD_SHED: &str = "shedgate_would_shed_total";
 /// JSON; `coordinates`: missing or invalid, default rank used; `time`: missing or invalid,
 /// not stale; `time_implausible`: more than a day from now, not believed, not stale).
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
+/// The `route` label of requests no route matched.
+pub const NO_ROUTE: &str = "none";
 /// Current pressure, 0.0–1.0 (pinned value when pinned).
 pub const PRESSURE: &str = "shedgate_pressure";
 /// 1 while an operator pins pressure, else 0.
@@ -80,7 +82,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         UNREADABLE,
         "counter",
-        "Sheddable requests with unreadable facts, by stream and fact (body, coordinates, time, time_implausible).",
+        "Sheddable requests with unreadable facts, by stream, route (its prefix, or none) and fact (body, coordinates, time, time_implausible).",
     ),
     (
         PRESSURE,
@@ -457,11 +459,13 @@ pub struct PolicyMetrics {
     metrics: Arc<Metrics>,
     stream_names: Vec<String>,
     area_names: Vec<String>,
+    /// Route prefixes, then `none`.
+    route_names: Vec<String>,
     /// `[slot][outcome]`.
     requests: Vec<[OnceLock<Counter>; 4]>,
     /// `[slot][area][reason]`, flattened; `would` doubles it for warn mode.
     sheds: Vec<OnceLock<Counter>>,
-    /// `[slot][fact]`.
+    /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 4]>,
     /// `[slot]`: the `/stats` counts of each stream.
     counts: Vec<Arc<crate::stats::Counts>>,
@@ -481,6 +485,9 @@ impl PolicyMetrics {
         stream_names.push(UNKNOWN_STREAM.to_owned());
         let mut area_names: Vec<String> = policy.areas().iter().map(|a| a.name.clone()).collect();
         area_names.push(UNCONFIGURED_AREA.to_owned());
+        let mut route_names: Vec<String> =
+            policy.routes().iter().map(|r| r.prefix.clone()).collect();
+        route_names.push(NO_ROUTE.to_owned());
         let slots = stream_names.len();
         let sheds = (0..slots * area_names.len() * ShedReason::ALL.len() * 2)
             .map(|_| OnceLock::new())
@@ -493,10 +500,13 @@ impl PolicyMetrics {
             counts,
             metrics: Arc::clone(metrics),
             requests: (0..slots).map(|_| Default::default()).collect(),
-            unreadable: (0..slots).map(|_| Default::default()).collect(),
+            unreadable: (0..slots * route_names.len())
+                .map(|_| Default::default())
+                .collect(),
             sheds,
             stream_names,
             area_names,
+            route_names,
         }
     }
 
@@ -558,15 +568,20 @@ impl PolicyMetrics {
         &self.counts[self.slot(stream)]
     }
 
-    /// Counts an unreadable fact.
-    pub fn unreadable(&self, stream: Option<StreamId>, fact: Fact) {
+    /// Counts an unreadable fact of a request of `stream` that came on `route` (an index
+    /// into the policy's routes; `None`: no route), so that a sender's format change shows
+    /// up on its own route.
+    pub fn unreadable(&self, stream: Option<StreamId>, route: Option<usize>, fact: Fact) {
         let slot = self.slot(stream);
-        self.unreadable[slot][fact as usize]
+        let none = self.route_names.len() - 1;
+        let r = route.filter(|r| *r < none).unwrap_or(none);
+        self.unreadable[slot * self.route_names.len() + r][fact as usize]
             .get_or_init(|| {
                 self.metrics.counter(
                     UNREADABLE,
                     vec![
                         Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("route", self.route_names[r].clone()),
                         Label::new("fact", fact.as_str()),
                     ],
                 )

@@ -34,6 +34,8 @@ static DEFAULT_EXTRACTOR: LazyLock<Extractor> = LazyLock::new(Extractor::default
 ///
 /// - The extractor is the route mode's (unless the route only names the stream), else the
 ///   known stream's mode for the request's `Content-Type`, else the default pointers.
+/// - Query or form keys, when the extractor names them, come before the JSON body
+///   (`query` is the request target's query, without the `?`).
 /// - A mode's time header (CloudEvents binary mode's `ce-time`) gives every event's time.
 /// - Each event's stream is the known one, or the one its body names, mapped through the
 ///   route's stream source.
@@ -44,6 +46,7 @@ pub fn assess(
     policy: &Policy,
     reading: Reading,
     headers: &HeaderMap,
+    query: Option<&str>,
     body: &[u8],
 ) -> (Option<StreamId>, Facts) {
     let stream = reading.known.flatten();
@@ -62,7 +65,17 @@ pub fn assess(
         }
         (None, None) => (&*DEFAULT_EXTRACTOR, None),
     };
-    let mut body_facts = extractor.extract(body);
+    let form = headers.get(CONTENT_TYPE).is_some_and(|v| {
+        let essence = v
+            .as_bytes()
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or_default();
+        essence
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
+    });
+    let mut body_facts = extractor.extract_request(query, form, body);
     // CloudEvents binary mode: the time is an attribute header, not in the data.
     if let Some(h) = time_header
         && let Some(at) = headers
@@ -142,7 +155,7 @@ format = "cloudevents"
             known: Some(id),
         };
         let body = br#"{"lat":52.52,"lon":13.405,"occurred_at":1780000000}"#;
-        let (stream, facts) = assess(&p, reading, &HeaderMap::new(), body);
+        let (stream, facts) = assess(&p, reading, &HeaderMap::new(), None, body);
         assert_eq!(stream, id);
         assert_eq!(facts.coordinates, Coordinates::new(52.52, 13.405));
         assert_eq!(facts.time, EventTime::At(UnixMillis(1_780_000_000_000)));
@@ -156,7 +169,7 @@ format = "cloudevents"
             {"type":"geofence.transition","time":"2026-05-28T20:26:40Z","data":{"lat":1,"lon":2}}
         ]"#;
         let reading = route(&p, "application/cloudevents-batch+json");
-        let (stream, _) = assess(&p, reading, &HeaderMap::new(), body);
+        let (stream, _) = assess(&p, reading, &HeaderMap::new(), None, body);
         assert_eq!(stream, p.stream("geofence.transition"));
     }
 
@@ -169,7 +182,7 @@ format = "cloudevents"
             known: Some(p.stream("vehicle.position")),
             ..route(&p, "application/json")
         };
-        let (_, facts) = assess(&p, reading, &headers, br#"{"lat":1,"lon":2}"#);
+        let (_, facts) = assess(&p, reading, &headers, None, br#"{"lat":1,"lon":2}"#);
         assert_eq!(facts.time, EventTime::At(UnixMillis(1_780_000_000_000)));
     }
 
@@ -177,7 +190,7 @@ format = "cloudevents"
     fn an_empty_batch_has_no_facts_but_its_body_state() {
         let p = policy();
         let reading = route(&p, "application/cloudevents-batch+json");
-        let (stream, facts) = assess(&p, reading, &HeaderMap::new(), b"[]");
+        let (stream, facts) = assess(&p, reading, &HeaderMap::new(), None, b"[]");
         assert_eq!(stream, None);
         assert_eq!(facts.body, BodyState::Json);
         assert_eq!(facts.coordinates, Coordinates::Missing);

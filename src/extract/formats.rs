@@ -12,11 +12,12 @@
 //! | `cloudevents` binary | the body (`data`) | `/lat`, `/lon` | `ce-time` header | `ce-type` header |
 //! | `cloudevents` structured | the body | `/data/lat`, `/data/lon` | `/time` | body `/type` |
 //! | `cloudevents` batched | `[*]` | `/data/lat`, `/data/lon` | `/time` | each event's `/type` |
+//! | `osmand` | the request | query (else form body) `lat`, `lon`; else JSON `/location/coords/latitude`, `/location/coords/longitude` | query (else form) `timestamp`; else JSON `/location/timestamp` | header, or the route's `stream` |
 //! | `standard-webhooks` | the body | `/data/lat`, `/data/lon` | `/timestamp` (never the `webhook-timestamp` header: a delivery attempt's time) | body `/type` |
 
 use serde::{Deserialize, Serialize};
 
-use super::{JsonPointer, Shape};
+use super::{JsonPointer, ParamKeys, Shape};
 
 /// A format preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
@@ -37,6 +38,9 @@ pub enum Format {
     Cloudevents,
     /// Standard Webhooks.
     StandardWebhooks,
+    /// The OsmAnd protocol (Traccar Client, and GPSLogger-style query URLs): facts in the
+    /// query string or a form body, else Traccar Client's JSON.
+    Osmand,
 }
 
 /// CloudEvents content mode, from `Content-Type` (CloudEvents HTTP binding, section 3).
@@ -163,6 +167,22 @@ impl Format {
             Format::StandardWebhooks => (
                 one("/data/lat", "/data/lon", &["/timestamp"]),
                 PresetStream::Field(p("/type"), ""),
+                None,
+            ),
+            Format::Osmand => (
+                Shape {
+                    params: Some(ParamKeys {
+                        lat: "lat".into(),
+                        lon: "lon".into(),
+                        time: vec!["timestamp".into()],
+                    }),
+                    ..one(
+                        "/location/coords/latitude",
+                        "/location/coords/longitude",
+                        &["/location/timestamp"],
+                    )
+                },
+                PresetStream::Header,
                 None,
             ),
         }

@@ -11,10 +11,12 @@
 use serde::de::DeserializeSeed;
 
 pub mod formats;
+pub mod params;
 mod pointer;
 pub mod time;
 mod walk;
 
+pub use params::ParamKeys;
 pub use pointer::{JsonPointer, PointerError};
 
 use crate::clock::UnixMillis;
@@ -45,6 +47,10 @@ pub struct Shape {
     pub time: Vec<JsonPointer>,
     /// The event's stream, when the body names it.
     pub stream: Option<JsonPointer>,
+    /// Query or form keys holding the facts (the OsmAnd protocol): read from the query
+    /// string when any key is there, else from an `application/x-www-form-urlencoded` body,
+    /// else the JSON pointers apply to the body.
+    pub params: Option<ParamKeys>,
 }
 
 impl Shape {
@@ -61,6 +67,7 @@ impl Shape {
             "lonlat": one(&self.lonlat),
             "time": texts(&self.time),
             "stream": one(&self.stream),
+            "params": self.params.as_ref().map(ParamKeys::describe),
         })
     }
 
@@ -213,8 +220,29 @@ impl Extractor {
         &self.shape
     }
 
-    /// Reads the events and their facts from `body`. Never fails: what cannot be read is
-    /// reported as such.
+    /// Reads a request's events and their facts: from its query string (`query`, without
+    /// the `?`) or a form body (`form`: its `Content-Type` is
+    /// `application/x-www-form-urlencoded`) when the shape names [`ParamKeys`], else from
+    /// the JSON body (see [`Extractor::extract`]).
+    pub fn extract_request(&self, query: Option<&str>, form: bool, body: &[u8]) -> BodyFacts {
+        if let Some(keys) = &self.shape.params {
+            let from = |e: EventFacts| BodyFacts {
+                body: BodyState::Params,
+                batch: false,
+                events: vec![e],
+            };
+            if let Some(e) = query.and_then(|q| keys.read(q.as_bytes())) {
+                return from(e);
+            }
+            if form {
+                return from(keys.read(body).unwrap_or(EventFacts::MISSING));
+            }
+        }
+        self.extract(body)
+    }
+
+    /// Reads the events and their facts from a JSON `body`. Never fails: what cannot be read
+    /// is reported as such.
     pub fn extract(&self, body: &[u8]) -> BodyFacts {
         let mut caps = Captures {
             events: vec![EventCaps::default()],
@@ -329,6 +357,8 @@ impl Facts {
 pub enum BodyState {
     /// Parsed as JSON.
     Json,
+    /// Read as query or form keys ([`ParamKeys`]).
+    Params,
     /// Read, but not valid JSON: its facts are all missing.
     NotJson,
     /// Not read (streamed through).

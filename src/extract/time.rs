@@ -32,6 +32,21 @@ pub fn parse_time_text(text: &str) -> Option<UnixMillis> {
     parse_offset_without_colon(text)
 }
 
+/// Parses a time given as a query or form value: every form [`parse_time_text`] reads, and
+/// `YYYY-MM-DD HH:MM:SS` with optional fractions (`.fff`), which the OsmAnd protocol sends
+/// in UTC (the space arrives as `%20` or `+`, decoded before this). Only here is a time
+/// without an offset read as UTC: in a JSON body it stays unreadable.
+pub fn parse_param_time(text: &str) -> Option<UnixMillis> {
+    parse_time_text(text).or_else(|| {
+        let format = time::macros::format_description!(
+            "[year]-[month]-[day] [hour]:[minute]:[second][optional [.[subsecond]]]"
+        );
+        time::PrimitiveDateTime::parse(text.trim(), &format)
+            .ok()
+            .and_then(|t| to_millis(t.assume_utc()))
+    })
+}
+
 /// Unix seconds or milliseconds as a number, told apart by magnitude: `|n| >= 1e11` is
 /// milliseconds. Returns `None` when not finite or out of `i64` range.
 pub fn parse_unix_number(n: f64) -> Option<UnixMillis> {

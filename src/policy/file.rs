@@ -106,10 +106,25 @@ pub struct RouteSection {
     pub lon: Option<JsonPointer>,
     /// Time pointer, relative to the event.
     pub time: Option<JsonPointer>,
+    /// Query or form keys that hold the facts, read before the JSON pointers (see
+    /// [`crate::extract::ParamKeys`]); overrides a preset's (`osmand`).
+    pub params: Option<ParamsSection>,
     /// The JSON body answered (as `application/json`) to a stale event on this route,
     /// instead of the format's success body or the problem document: what this route's
     /// sender counts as delivered. Must be valid JSON.
     pub stale_body: Option<toml::Spanned<String>>,
+}
+
+/// `params = { lat = "…", lon = "…", time = "…" }` on a route: query or form keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamsSection {
+    /// Latitude key.
+    pub lat: String,
+    /// Longitude key.
+    pub lon: String,
+    /// Time key; without it, the time is read from the body's pointers or not at all.
+    pub time: Option<String>,
 }
 
 /// `[defaults]` in `streams.toml`.

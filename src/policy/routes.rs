@@ -122,12 +122,23 @@ pub(super) fn compile_routes(
             known(name, warnings);
         }
         let format = r.format.unwrap_or_default();
-        let stream_pointers =
-            format == Format::Pointers && r.lat.is_none() && r.lon.is_none() && r.time.is_none();
+        let stream_pointers = format == Format::Pointers
+            && r.lat.is_none()
+            && r.lon.is_none()
+            && r.time.is_none()
+            && r.params.is_none();
+        let params = r.params.as_ref().map(|p| crate::extract::ParamKeys {
+            lat: p.lat.clone(),
+            lon: p.lon.clone(),
+            time: p.time.iter().cloned().collect(),
+        });
         let mut modes = Vec::new();
         for &mode in format.modes() {
             let (mut shape, preset, time_header) =
                 mode_reading(format, mode, r.lat.clone(), r.lon.clone(), r.time.clone());
+            if params.is_some() {
+                shape.params.clone_from(&params);
+            }
             let source = if let Some(name) = &r.stream {
                 StreamSource::Fixed(name.clone())
             } else if let Some(h) = &r.stream_header {

@@ -60,19 +60,20 @@ where
     };
 
     let policy = &snapshot.policy;
-    let (stream, facts) = assess(policy, read_as, &parts.headers, &bytes);
+    let (stream, facts) = assess(policy, read_as, &parts.headers, parts.uri.query(), &bytes);
     let m = &snapshot.metrics;
+    let route = read_as.route.map(|(i, _)| i);
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
     if sheddable {
         if facts.body == BodyState::NotJson {
-            m.unreadable(stream, Fact::Body);
+            m.unreadable(stream, route, Fact::Body);
         }
         if !matches!(facts.coordinates, Coordinates::Valid { .. }) {
-            m.unreadable(stream, Fact::Coordinates);
+            m.unreadable(stream, route, Fact::Coordinates);
         }
         if !matches!(facts.time, EventTime::At(_)) {
-            m.unreadable(stream, Fact::Time);
+            m.unreadable(stream, route, Fact::Time);
         }
     }
     let pressure = shared.pressure.admission_pressure();
@@ -88,7 +89,7 @@ where
     );
     m.shed(stream, decision.area, decision.verdict);
     if decision.implausible_time {
-        m.unreadable(stream, Fact::ImplausibleTime);
+        m.unreadable(stream, route, Fact::ImplausibleTime);
     }
     let name = stream.map(|id| policy.stream_policy(id).name.as_str());
     tracing::debug!(

@@ -107,3 +107,142 @@ async fn an_overland_backlog_with_a_fresh_current_point_drains() {
     assert_eq!((a.status, a.header("x-shed-reason")), (202, Some("stale")));
     assert_eq!(a.body, br#"{"result":"ok"}"#);
 }
+
+/// Traccar Client's OsmAnd protocol: the facts are in the query string and the body is empty.
+/// Munich and fresh: shed at 0.75, forwarded at 0.3 with the query unchanged.
+#[tokio::test]
+async fn osmand_positions_in_the_query_string() {
+    let s = setup().await;
+    let case = "formats/osmand-query.http";
+    let a = assert_shed(&s, case, 0.75).await;
+    let p: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+    assert_eq!(
+        (p["stream"].as_str(), p["rank"].as_u64()),
+        (Some("osmand.position"), Some(50))
+    );
+    assert!(
+        p["age_seconds"].as_f64().is_some_and(|a| a.abs() < 5.0),
+        "{p}"
+    );
+    let sent = render(case);
+    let r = assert_forwarded_bytes(&s, case, &sent, 0.3).await;
+    let target = String::from_utf8_lossy(&sent)
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        r.uri.to_string(),
+        target,
+        "the query is forwarded unchanged"
+    );
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[]),
+        0.0,
+        "{m}"
+    );
+}
+
+/// The same OsmAnd position as a form body, as Traccar Client's JSON, and with the
+/// timestamp written `YYYY-MM-DD HH:MM:SS` (space as `%20` or `+`): each read as Berlin
+/// (kept at 0.75) and fresh; a stale one answered stale; the body forwarded byte for byte.
+#[tokio::test]
+async fn osmand_positions_in_a_form_body_or_traccar_client_json() {
+    let s = setup().await;
+    let now = now_utc();
+    let unix = now.unix_timestamp();
+    let spaced = now
+        .format(time::macros::format_description!(
+            "[year]-[month]-[day] [hour]:[minute]:[second]"
+        ))
+        .unwrap();
+    let json = format!(
+        r#"{{"device_id":"4711","location":{{"timestamp":"{}Z","coords":{{"latitude":52.52,"longitude":13.405}}}}}}"#,
+        rfc3339(now, false)
+    );
+    let form = "application/x-www-form-urlencoded";
+    let cases: Vec<(String, &str, String)> = vec![
+        (
+            String::new(),
+            form,
+            format!("id=4711&lat=52.52&lon=13.405&timestamp={unix}"),
+        ),
+        (String::new(), "application/json", json),
+        (
+            format!(
+                "?id=4711&lat=52.52&lon=13.405&timestamp={}",
+                spaced.replace(' ', "%20")
+            ),
+            "",
+            String::new(),
+        ),
+        (
+            format!(
+                "?id=4711&lat=52.52&lon=13.405&timestamp={}",
+                spaced.replace(' ', "+")
+            ),
+            "",
+            String::new(),
+        ),
+    ];
+    for (query, content_type, body) in &cases {
+        let ct = if content_type.is_empty() {
+            String::new()
+        } else {
+            format!("Content-Type: {content_type}\r\n")
+        };
+        let req = format!(
+            "POST /ingest/osmand{query} HTTP/1.1\r\nHost: x\r\n{ct}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let r = assert_forwarded_bytes(&s, "osmand", req.as_bytes(), 0.75).await;
+        assert_eq!(r.body, body.as_bytes(), "{query} {body}");
+    }
+    pin(&s.proxy, 0.0).await;
+    let stale = format!("id=4711&lat=52.52&lon=13.405&timestamp={}", unix - 600);
+    let req = format!(
+        "POST /ingest/osmand HTTP/1.1\r\nHost: x\r\nContent-Type: {form}\r\nContent-Length: {}\r\n\r\n{stale}",
+        stale.len()
+    );
+    let a = exchange(&s.proxy, req.as_bytes()).await;
+    assert_eq!((a.status, a.header("x-shed-reason")), (202, Some("stale")));
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[]),
+        0.0,
+        "{m}"
+    );
+}
+
+/// Unreadable facts are counted by route, so a sender whose format changed shows up on its
+/// own route: an OsmAnd request without coordinates counts on `/ingest/osmand`, one without
+/// a route on `none`.
+#[tokio::test]
+async fn unreadable_facts_are_counted_by_route() {
+    let s = setup().await;
+    pin(&s.proxy, 0.3).await;
+    let unix = now_utc().unix_timestamp();
+    let req = format!(
+        "POST /ingest/osmand?id=1&timestamp={unix} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    );
+    assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200);
+    let body = "{}";
+    let req = format!(
+        "POST /other HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200);
+    let m = scrape(&s.proxy).await;
+    let count = |route: &str, fact: &str| {
+        metric(
+            &m,
+            "shedgate_unreadable_facts_total",
+            &[("route", route), ("fact", fact)],
+        )
+    };
+    assert_eq!(count("/ingest/osmand", "coordinates"), 1.0, "{m}");
+    assert_eq!(count("/ingest/osmand", "time"), 0.0, "{m}");
+    assert_eq!(count("none", "coordinates"), 1.0, "{m}");
+    assert_eq!(count("none", "time"), 1.0, "{m}");
+}

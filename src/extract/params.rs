@@ -1,0 +1,152 @@
+//! Facts from `application/x-www-form-urlencoded` text: a query string or a form body, as
+//! the OsmAnd protocol (Traccar Client) and GPSLogger's custom URL send them.
+//!
+//! Decoding (`+` and percent-escapes) is the `form_urlencoded` crate's (the WHATWG URL
+//! standard's `application/x-www-form-urlencoded` parser, from the servo `url` family).
+
+use super::time::parse_param_time;
+use super::{Coordinates, EventFacts, EventTime};
+
+/// Query or form keys that hold an event's facts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParamKeys {
+    /// Latitude key (degrees).
+    pub lat: String,
+    /// Longitude key (degrees).
+    pub lon: String,
+    /// Time keys, in order: the first readable one is used. Values are unix seconds or
+    /// milliseconds (told apart by magnitude), RFC 3339, or `YYYY-MM-DD HH:MM:SS[.fff]` in
+    /// UTC (see [`parse_param_time`]).
+    pub time: Vec<String>,
+}
+
+/// What one key was given: nothing, one value, or different values (ambiguous: never a
+/// guess between them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Given {
+    Absent,
+    One(String),
+    Conflicting,
+}
+
+impl Given {
+    fn add(&mut self, value: &str) {
+        *self = match std::mem::replace(self, Given::Absent) {
+            Given::Absent => Given::One(value.to_owned()),
+            Given::One(v) if v == value => Given::One(v),
+            _ => Given::Conflicting,
+        };
+    }
+}
+
+impl ParamKeys {
+    /// The keys as written, for `GET /policy`.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({ "lat": self.lat, "lon": self.lon, "time": self.time })
+    }
+
+    /// Reads one event's facts from `text` (`k=v&k=v`, `+` and `%XX` decoded). `None` when
+    /// none of the keys appears, so the caller can look elsewhere. A key given twice with
+    /// different values is unreadable, never a choice between them.
+    pub fn read(&self, text: &[u8]) -> Option<EventFacts> {
+        let mut lat = Given::Absent;
+        let mut lon = Given::Absent;
+        let mut times = vec![Given::Absent; self.time.len()];
+        let mut any = false;
+        for (key, value) in form_urlencoded::parse(text) {
+            let slot = if key == self.lat {
+                &mut lat
+            } else if key == self.lon {
+                &mut lon
+            } else if let Some(i) = self.time.iter().position(|t| *t == key) {
+                &mut times[i]
+            } else {
+                continue;
+            };
+            any = true;
+            slot.add(&value);
+        }
+        if !any {
+            return None;
+        }
+        let number = |g: &Given| match g {
+            Given::One(v) => v.trim().parse::<f64>().ok(),
+            _ => None,
+        };
+        let coordinates = match (&lat, &lon) {
+            (Given::Absent, _) | (_, Given::Absent) => Coordinates::Missing,
+            (a, b) => match (number(a), number(b)) {
+                (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
+                _ => Coordinates::Invalid,
+            },
+        };
+        let mut time = EventTime::Missing;
+        for given in &times {
+            match given {
+                Given::Absent => {}
+                Given::One(v) => match parse_param_time(v) {
+                    Some(at) => {
+                        time = EventTime::At(at);
+                        break;
+                    }
+                    None => time = EventTime::Invalid,
+                },
+                Given::Conflicting => time = EventTime::Invalid,
+            }
+        }
+        Some(EventFacts {
+            coordinates,
+            time,
+            stream: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::UnixMillis;
+
+    const T: i64 = 1_780_000_000_000; // 2026-05-28T20:26:40Z
+
+    fn osmand() -> ParamKeys {
+        ParamKeys {
+            lat: "lat".into(),
+            lon: "lon".into(),
+            time: vec!["timestamp".into()],
+        }
+    }
+
+    #[test]
+    fn osmand_query_forms() {
+        for q in [
+            "id=4711&lat=52.52&lon=13.405&timestamp=1780000000",
+            "id=4711&lat=52.52&lon=13.405&timestamp=1780000000000",
+            "lat=52.52&lon=13.405&timestamp=2026-05-28%2020:26:40",
+            "lat=52.52&lon=13.405&timestamp=2026-05-28+20%3A26%3A40.000",
+            "lat=52.52&lon=13.405&timestamp=2026-05-28T20:26:40Z&lat=52.52",
+        ] {
+            let f = osmand().read(q.as_bytes()).unwrap();
+            assert_eq!(f.coordinates, Coordinates::new(52.52, 13.405), "{q}");
+            assert_eq!(f.time, EventTime::At(UnixMillis(T)), "{q}");
+        }
+    }
+
+    #[test]
+    fn absent_unreadable_and_ambiguous() {
+        assert_eq!(osmand().read(b"id=1&speed=0"), None);
+        assert_eq!(osmand().read(b""), None);
+        let f = osmand().read(b"lat=52.52").unwrap();
+        assert_eq!(f.coordinates, Coordinates::Missing);
+        assert_eq!(f.time, EventTime::Missing);
+        let f = osmand().read(b"lat=x&lon=13&timestamp=soon").unwrap();
+        assert_eq!(f.coordinates, Coordinates::Invalid);
+        assert_eq!(f.time, EventTime::Invalid);
+        // The same key twice, differently: unreadable, never the first or the last.
+        let f = osmand()
+            .read(b"lat=52.52&lon=13.405&lat=48.1&timestamp=1780000000&timestamp=1779999400")
+            .unwrap();
+        assert_eq!(f.coordinates, Coordinates::Invalid);
+        assert_eq!(f.time, EventTime::Invalid);
+    }
+}
