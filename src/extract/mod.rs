@@ -241,9 +241,11 @@ impl Extractor {
         self.extract(body)
     }
 
-    /// Reads the events and their facts from a JSON `body`. Never fails: what cannot be read
-    /// is reported as such.
+    /// Reads the events and their facts from a JSON `body`. A leading UTF-8 byte order mark
+    /// is skipped (RFC 8259 section 8.1 lets a parser ignore it). Never fails: what cannot
+    /// be read is reported as such.
     pub fn extract(&self, body: &[u8]) -> BodyFacts {
+        let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
         let mut caps = Captures {
             events: vec![EventCaps::default()],
             batch: false,
@@ -502,6 +504,20 @@ mod tests {
         }
         // A top-level array or scalar is JSON without the facts.
         assert_eq!(e.extract_one(b"[1,2]").coordinates, Coordinates::Missing);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let f = Extractor::default().extract_one(b"\xEF\xBB\xBF{\"lat\":52.52,\"lon\":13.405}");
+        assert_eq!(f.body, BodyState::Json);
+        assert_eq!(f.coordinates, Coordinates::new(52.52, 13.405));
+        // Only at the start, and only the whole mark.
+        for body in [&b"{}\xEF\xBB\xBF"[..], b"\xEF\xBB{}"] {
+            assert_eq!(
+                Extractor::default().extract_one(body).body,
+                BodyState::NotJson
+            );
+        }
     }
 
     #[test]

@@ -246,3 +246,23 @@ async fn unreadable_facts_are_counted_by_route() {
     assert_eq!(count("none", "coordinates"), 1.0, "{m}");
     assert_eq!(count("none", "time"), 1.0, "{m}");
 }
+
+/// A body that starts with a UTF-8 byte order mark is read as JSON (Berlin, rank 5, kept at
+/// 0.75) and forwarded with the mark.
+#[tokio::test]
+async fn case_bom_body() {
+    let s = setup().await;
+    let case = "faults/bom-body.http";
+    let sent = render(case);
+    let r = assert_forwarded_bytes(&s, case, &sent, 0.75).await;
+    assert!(
+        r.body.starts_with(b"\xEF\xBB\xBF{"),
+        "forwarded with the BOM"
+    );
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[]),
+        0.0,
+        "{m}"
+    );
+}
