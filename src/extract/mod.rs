@@ -10,6 +10,7 @@
 
 use serde::de::DeserializeSeed;
 
+pub mod coding;
 pub mod formats;
 pub mod params;
 mod pointer;

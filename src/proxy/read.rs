@@ -4,7 +4,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+use http::header::CONTENT_ENCODING;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
 use tower::Service;
@@ -15,6 +18,7 @@ use super::forward::{forward, reject};
 use crate::BoxError;
 use crate::admission::{Reading, ShedReason, Verdict, assess, decide};
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::extract::coding::{DecodeError, decoded};
 use crate::extract::{BodyState, Coordinates, EventTime};
 use crate::live::store::Snapshot;
 use crate::metrics::{Fact, Outcome};
@@ -59,8 +63,35 @@ where
         Ok(Ok(collected)) => collected.to_bytes(),
     };
 
+    // A coded body (`Content-Encoding: gzip`) is read from its inflated bytes, bounded by
+    // `--max-body` after inflation; the original bytes are what is forwarded.
+    let codings: Vec<&[u8]> = parts
+        .headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .map(http::HeaderValue::as_bytes)
+        .collect();
+    let readable = match decoded(&codings, &bytes, settings.max_body) {
+        Ok(readable) => readable,
+        Err(DecodeError::TooLarge { limit }) => {
+            return reject(&snapshot, stream, Rejection::PayloadTooLarge { limit });
+        }
+        Err(DecodeError::Unreadable(why)) => {
+            // Its facts are unreadable (counted as `fact="body"` below); it is forwarded
+            // as it came.
+            tracing::debug!(%why, "coded body not read");
+            Cow::Borrowed(&[][..])
+        }
+    };
     let policy = &snapshot.policy;
-    let (stream, facts) = assess(policy, read_as, &parts.headers, parts.uri.query(), &bytes);
+    let (stream, facts) = assess(
+        policy,
+        read_as,
+        &parts.headers,
+        parts.uri.query(),
+        &readable,
+    );
+    drop(readable); // the inflated copy is not kept while the request is forwarded
     let m = &snapshot.metrics;
     let route = read_as.route.map(|(i, _)| i);
     let sheddable = stream

@@ -266,3 +266,50 @@ async fn case_bom_body() {
         "{m}"
     );
 }
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// A `Content-Encoding: gzip` Berlin event is read from its inflated bytes (kept at 0.75)
+/// and forwarded compressed, unchanged; one that inflates past `--max-body` gets 413; a coding
+/// the proxy does not read is decided at the default rank and counted.
+#[tokio::test]
+async fn gzip_bodies_are_read_inflated_and_forwarded_compressed() {
+    let s = setup().await;
+    let json = format!(
+        r#"{{"lat":52.52,"lon":13.405,"occurred_at":{}}}"#,
+        now_utc().unix_timestamp()
+    );
+    let send = |coding: &str, body: &[u8]| {
+        let mut req = format!(
+            "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Encoding: {coding}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        req
+    };
+    let compressed = gzip(json.as_bytes());
+    let r = assert_forwarded_bytes(&s, "gzip", &send("gzip", &compressed), 0.75).await;
+    assert_eq!(r.body, compressed, "forwarded compressed, unchanged");
+    assert_eq!(r.headers["content-encoding"], "gzip");
+    // A bomb: 20 KB that inflate past the 1 MiB limit.
+    let bomb = gzip(&vec![b' '; 4 << 20]);
+    let before = s.upstream.count();
+    let a = exchange(&s.proxy, &send("gzip", &bomb)).await;
+    assert_eq!(a.status, 413);
+    assert_eq!(s.upstream.count(), before, "nothing forwarded");
+    // Brotli is not read: default rank (shed at 0.75), its body counted unreadable.
+    let a = exchange(&s.proxy, &send("br", b"\x0b\x02\x80{}\x03")).await;
+    assert_eq!(a.status, 503);
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[("fact", "body")]),
+        1.0,
+        "{m}"
+    );
+}
