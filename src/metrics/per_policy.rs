@@ -1,0 +1,148 @@
+//! Per-policy counters: labelled with one policy's stream, area and route names, and
+//! registered the first time each label set is used.
+
+use std::sync::{Arc, OnceLock};
+
+use metrics::{Counter, Label};
+
+use super::{Fact, Metrics, NO_ROUTE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED};
+use crate::admission::{ShedReason, Verdict};
+use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
+
+/// Per-policy counters, labelled with the policy's stream and area names and registered the
+/// first time each label set is used (a policy of many areas would otherwise export
+/// thousands of zero series).
+pub struct PolicyMetrics {
+    metrics: Arc<Metrics>,
+    stream_names: Vec<String>,
+    area_names: Vec<String>,
+    /// Route prefixes, then `none`.
+    route_names: Vec<String>,
+    /// `[slot][outcome]`.
+    requests: Vec<[OnceLock<Counter>; 4]>,
+    /// `[slot][area][reason]`, flattened; `would` doubles it for warn mode.
+    sheds: Vec<OnceLock<Counter>>,
+    /// `[slot × routes + route][fact]`.
+    unreadable: Vec<[OnceLock<Counter>; 4]>,
+    /// `[slot]`: the `/stats` counts of each stream.
+    counts: Vec<Arc<crate::stats::Counts>>,
+}
+
+impl std::fmt::Debug for PolicyMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyMetrics").finish_non_exhaustive()
+    }
+}
+
+impl PolicyMetrics {
+    /// Tables for `policy`'s streams (plus `unknown`) and areas (plus `unconfigured`).
+    pub fn new(metrics: &Arc<Metrics>, policy: &Policy) -> Self {
+        let mut stream_names: Vec<String> =
+            policy.streams().iter().map(|s| s.name.clone()).collect();
+        stream_names.push(UNKNOWN_STREAM.to_owned());
+        let mut area_names: Vec<String> = policy.areas().iter().map(|a| a.name.clone()).collect();
+        area_names.push(UNCONFIGURED_AREA.to_owned());
+        let mut route_names: Vec<String> =
+            policy.routes().iter().map(|r| r.prefix.clone()).collect();
+        route_names.push(NO_ROUTE.to_owned());
+        let slots = stream_names.len();
+        let sheds = (0..slots * area_names.len() * ShedReason::ALL.len() * 2)
+            .map(|_| OnceLock::new())
+            .collect();
+        let counts = stream_names
+            .iter()
+            .map(|n| metrics.stats.counts(n))
+            .collect();
+        PolicyMetrics {
+            counts,
+            metrics: Arc::clone(metrics),
+            requests: (0..slots).map(|_| Default::default()).collect(),
+            unreadable: (0..slots * route_names.len())
+                .map(|_| Default::default())
+                .collect(),
+            sheds,
+            stream_names,
+            area_names,
+            route_names,
+        }
+    }
+
+    /// The process-wide metrics.
+    pub fn global(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn slot(&self, stream: Option<StreamId>) -> usize {
+        stream.map_or(self.stream_names.len() - 1, StreamId::index)
+    }
+
+    /// Counts a request outcome.
+    pub fn request(&self, stream: Option<StreamId>, outcome: Outcome) {
+        let slot = self.slot(stream);
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        self.requests[slot][i]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    REQUESTS,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("outcome", outcome.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts a shed or a would-shed, labelled with the stream, the area and the reason.
+    pub fn shed(&self, stream: Option<StreamId>, area: Option<AreaId>, verdict: Verdict) {
+        let (reason, would) = match verdict {
+            Verdict::Admit => return,
+            Verdict::Shed(r) => (r, false),
+            Verdict::WouldShed(r) => (r, true),
+        };
+        let slot = self.slot(stream);
+        let area = area.map_or(self.area_names.len() - 1, AreaId::index);
+        let i = ((usize::from(would) * self.stream_names.len() + slot) * self.area_names.len()
+            + area)
+            * ShedReason::ALL.len()
+            + reason.index();
+        self.sheds[i]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    if would { WOULD_SHED } else { SHED },
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("area", self.area_names[area].clone()),
+                        Label::new("reason", reason.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// The `/stats` counts of a stream (`None`: unknown).
+    pub fn counts(&self, stream: Option<StreamId>) -> &Arc<crate::stats::Counts> {
+        &self.counts[self.slot(stream)]
+    }
+
+    /// Counts an unreadable fact of a request of `stream` that came on `route` (an index
+    /// into the policy's routes; `None`: no route), so that a sender's format change shows
+    /// up on its own route.
+    pub fn unreadable(&self, stream: Option<StreamId>, route: Option<usize>, fact: Fact) {
+        let slot = self.slot(stream);
+        let none = self.route_names.len() - 1;
+        let r = route.filter(|r| *r < none).unwrap_or(none);
+        self.unreadable[slot * self.route_names.len() + r][fact as usize]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    UNREADABLE,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("route", self.route_names[r].clone()),
+                        Label::new("fact", fact.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+}
