@@ -100,6 +100,20 @@ pub fn assess(
             .and_then(|n| policy.stream(&n)),
         (None, None) => None,
     };
+    // An opaque envelope (an encrypted OwnTracks message) says so in the body state, so it is
+    // counted apart; its stream is whatever the route maps the envelope's type to.
+    let opaque = reading
+        .route
+        .map(|(i, _)| policy.routes()[i].format.opaque_values())
+        .unwrap_or_default();
+    if !opaque.is_empty()
+        && body_facts
+            .events
+            .iter()
+            .any(|e| e.stream.as_deref().is_some_and(|v| opaque.contains(&v)))
+    {
+        body_facts.body = crate::extract::BodyState::Opaque;
+    }
     if body_facts.events.is_empty() {
         let no_facts = Facts {
             body: body_facts.body,

@@ -204,6 +204,18 @@ impl Format {
         }
     }
 
+    /// Values of the preset's body stream field that name an opaque envelope: an event whose
+    /// facts, and whose real type, the proxy cannot read, and which may carry a never-shed
+    /// event. OwnTracks with encryption sends every message, transitions included, as
+    /// `{"_type":"encrypted","data":"…"}`. A stream such a value maps to must be `never`
+    /// (`check` refuses anything else), and these events are counted apart.
+    pub fn opaque_values(self) -> &'static [&'static str] {
+        match self {
+            Format::Owntracks => &["encrypted"],
+            _ => &[],
+        }
+    }
+
     /// Where an event's data sits in this content mode, for pointer overrides (which are
     /// relative to the data): `/data` for CloudEvents structured and batched events (in
     /// binary mode the body is the data); the event itself for every other format.

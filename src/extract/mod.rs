@@ -362,6 +362,9 @@ pub enum BodyState {
     Json,
     /// Read as query or form keys ([`ParamKeys`]).
     Params,
+    /// Parsed as JSON, but an opaque envelope (an encrypted OwnTracks message, see
+    /// [`formats::Format::opaque_values`]): its facts are sealed.
+    Opaque,
     /// Read, but not valid JSON: its facts are all missing.
     NotJson,
     /// Not read (streamed through).

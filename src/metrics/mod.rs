@@ -33,6 +33,8 @@ pub const WOULD_SHED: &str = "shedgate_would_shed_total";
 /// JSON; `coordinates`: missing or invalid, default rank used; `time`: missing or invalid,
 /// not stale; `time_implausible`: more than a day from now, not believed, not stale).
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
+/// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
+pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
 /// Current pressure, 0.0–1.0 (pinned value when pinned).
@@ -85,6 +87,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         UNREADABLE,
         "counter",
         "Sheddable requests with unreadable facts, by stream, route (its prefix, or none) and fact (body, coordinates, time, time_implausible).",
+    ),
+    (
+        OPAQUE,
+        "counter",
+        "Opaque envelopes (encrypted OwnTracks messages, which may hold a geofence transition), by route: forwarded unread, never shed.",
     ),
     (
         PRESSURE,

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Label};
 
-use super::{Fact, Metrics, NO_ROUTE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED};
+use super::{Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED};
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
 
@@ -22,6 +22,8 @@ pub struct PolicyMetrics {
     requests: Vec<[OnceLock<Counter>; 4]>,
     /// `[slot][area][reason]`, flattened; `would` doubles it for warn mode.
     sheds: Vec<OnceLock<Counter>>,
+    /// `[route]`.
+    opaque: Vec<OnceLock<Counter>>,
     /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 4]>,
     /// `[slot]`: the `/stats` counts of each stream.
@@ -57,6 +59,7 @@ impl PolicyMetrics {
             counts,
             metrics: Arc::clone(metrics),
             requests: (0..slots).map(|_| Default::default()).collect(),
+            opaque: (0..route_names.len()).map(|_| OnceLock::new()).collect(),
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
                 .collect(),
@@ -141,6 +144,20 @@ impl PolicyMetrics {
                         Label::new("route", self.route_names[r].clone()),
                         Label::new("fact", fact.as_str()),
                     ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts an opaque envelope that came on `route` (an index into the policy's routes).
+    pub fn opaque(&self, route: Option<usize>) {
+        let none = self.route_names.len() - 1;
+        let r = route.filter(|r| *r < none).unwrap_or(none);
+        self.opaque[r]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    OPAQUE,
+                    vec![Label::new("route", self.route_names[r].clone())],
                 )
             })
             .increment(1);

@@ -222,3 +222,26 @@ fn stale_bodies() {
         c.warnings
     );
 }
+
+/// An encrypted OwnTracks envelope may hold a geofence transition: `check` refuses a
+/// sheddable stream that an owntracks route maps it to, by prefix or by `stream_map`.
+#[test]
+fn opaque_envelopes_must_map_to_never_streams() {
+    let route = "\n[[routes]]\nprefix = \"/ot\"\nformat = \"owntracks\"\n";
+    let sheddable = "[streams.\"owntracks.encrypted\"]\nsupersession = \"self-superseding\"\n";
+    let e = compile_str(&format!("{sheddable}{route}"), "").unwrap_err();
+    assert_eq!(
+        e.location.field.as_deref(),
+        Some("streams.\"owntracks.encrypted\".supersession")
+    );
+    assert!(
+        e.message.contains("\"/ot\"") && e.message.contains("owntracks"),
+        "{e}"
+    );
+    let mapped = format!("{STREAMS}{route}stream_map = {{ encrypted = \"vehicle.position\" }}\n");
+    assert!(compile_str(&mapped, "").is_err());
+    let never = "[streams.\"owntracks.encrypted\"]\nsupersession = \"never\"\n";
+    assert!(compile_str(&format!("{never}{route}"), "").is_ok());
+    // Undeclared: unknown, so never shed.
+    assert!(compile_str(&format!("{STREAMS}{route}"), "").is_ok());
+}

@@ -94,6 +94,9 @@ where
     drop(readable); // the inflated copy is not kept while the request is forwarded
     let m = &snapshot.metrics;
     let route = read_as.route.map(|(i, _)| i);
+    if facts.body == BodyState::Opaque {
+        m.opaque(route);
+    }
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
     if sheddable {

@@ -313,3 +313,25 @@ async fn gzip_bodies_are_read_inflated_and_forwarded_compressed() {
         "{m}"
     );
 }
+
+/// An encrypted OwnTracks envelope may hold a transition: never shed (forwarded at 1.0),
+/// unchanged, and counted apart.
+#[tokio::test]
+async fn owntracks_encrypted_envelopes_are_never_shed_and_counted_apart() {
+    let s = setup().await;
+    let case = "formats/owntracks-encrypted.http";
+    let sent = render(case);
+    let r = assert_forwarded_bytes(&s, case, &sent, 1.0).await;
+    let body_start = sent.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(r.body, &sent[body_start..], "forwarded unchanged");
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_opaque_envelopes_total",
+            &[("route", "/ingest/owntracks")]
+        ),
+        1.0,
+        "{m}"
+    );
+}
