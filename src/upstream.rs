@@ -147,7 +147,9 @@ impl Proxy {
 
     fn upstream_uri(&self, original: &Uri) -> Result<Uri, http::Error> {
         let pq = original.path_and_query().map_or("/", PathAndQuery::as_str);
-        let path = if self.path_prefix.is_empty() {
+        // The asterisk form (`OPTIONS *`, the clock probe) is about the server as a whole:
+        // no path prefix applies to it.
+        let path = if self.path_prefix.is_empty() || pq == "*" {
             PathAndQuery::try_from(pq)?
         } else {
             PathAndQuery::try_from(format!("{}{pq}", self.path_prefix))?

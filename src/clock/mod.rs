@@ -8,6 +8,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+pub mod skew;
+
 /// Unix time in milliseconds (UTC). Signed: times before 1970 are representable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct UnixMillis(pub i64);

@@ -35,6 +35,16 @@ pub const WOULD_SHED: &str = "shedgate_would_shed_total";
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
 /// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
 pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
+/// The local clock's offset from the upstream's, seconds (positive: the upstream is ahead),
+/// estimated from responses' `Date` headers (see [`crate::clock::skew`]).
+pub const CLOCK_OFFSET: &str = "shedgate_clock_offset_seconds";
+/// 1 while event ages are judged against the upstream's clock because the offset is beyond
+/// the bound (5 s), else 0.
+pub const CLOCK_CORRECTED: &str = "shedgate_clock_corrected";
+/// `OPTIONS *` probes sent to read the upstream's clock while every answer was stale.
+pub const CLOCK_PROBES: &str = "shedgate_clock_probes_total";
+/// Event age at the decision, seconds, by `stream` (sheddable events with a readable time).
+pub const EVENT_AGE: &str = "shedgate_event_age_seconds";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
 /// Current pressure, 0.0–1.0 (pinned value when pinned).
@@ -92,6 +102,26 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         OPAQUE,
         "counter",
         "Opaque envelopes (encrypted OwnTracks messages, which may hold a geofence transition), by route: forwarded unread, never shed.",
+    ),
+    (
+        CLOCK_OFFSET,
+        "gauge",
+        "Offset of the local clock from the upstream's, seconds (positive: the upstream is ahead), from responses' Date headers.",
+    ),
+    (
+        CLOCK_CORRECTED,
+        "gauge",
+        "1 while event ages are judged against the upstream's clock (offset beyond 5 s), else 0.",
+    ),
+    (
+        CLOCK_PROBES,
+        "counter",
+        "OPTIONS * probes sent to read the upstream's clock while every answer was stale.",
+    ),
+    (
+        EVENT_AGE,
+        "histogram",
+        "Event age at the decision, seconds, by stream (sheddable events with a readable time).",
     ),
     (
         PRESSURE,
@@ -156,6 +186,12 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
 ];
 
 /// Buckets of [`UPSTREAM_LATENCY`], seconds.
+/// Event age buckets, seconds: around the default `stale_after` (30 s), up to a day (past which
+/// a time is not believed).
+const AGE_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 7200.0, 21600.0, 86400.0,
+];
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -277,6 +313,12 @@ pub struct Metrics {
     pub shedding_seconds: Counter,
     /// [`UPSTREAM_LATENCY`].
     pub upstream_latency: Histogram,
+    /// [`CLOCK_OFFSET`].
+    pub clock_offset: Gauge,
+    /// [`CLOCK_CORRECTED`].
+    pub clock_corrected: Gauge,
+    /// [`CLOCK_PROBES`].
+    pub clock_probes: Counter,
     proxy_errors: [Counter; 5],
     reload_success: Counter,
     reload_failure: Counter,
@@ -303,6 +345,7 @@ impl Metrics {
     pub fn new() -> Self {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(UPSTREAM_LATENCY.into()), LATENCY_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_AGE.into()), AGE_BUCKETS))
             .map(PrometheusBuilder::build_recorder)
             .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
         for (name, kind, help) in CATALOG {
@@ -330,6 +373,9 @@ impl Metrics {
             shedding_seconds: counter(SHEDDING_SECONDS, vec![]),
             upstream_latency: recorder
                 .register_histogram(&Key::from_name(UPSTREAM_LATENCY), &metadata()),
+            clock_offset: gauge(CLOCK_OFFSET),
+            clock_corrected: gauge(CLOCK_CORRECTED),
+            clock_probes: counter(CLOCK_PROBES, vec![]),
             proxy_errors,
             reload_success: counter(POLICY_RELOADS, vec![Label::new("outcome", "success")]),
             reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
@@ -447,6 +493,11 @@ impl Metrics {
     /// Records an upstream latency sample.
     pub fn observe_latency(&self, latency: Duration) {
         self.upstream_latency.record(latency.as_secs_f64());
+    }
+
+    pub(super) fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
+        self.recorder
+            .register_histogram(&Key::from_parts(name, labels), &metadata())
     }
 
     pub(super) fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {

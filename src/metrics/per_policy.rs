@@ -3,9 +3,11 @@
 
 use std::sync::{Arc, OnceLock};
 
-use metrics::{Counter, Label};
+use metrics::{Counter, Histogram, Label};
 
-use super::{Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED};
+use super::{
+    EVENT_AGE, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
+};
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
 
@@ -24,6 +26,8 @@ pub struct PolicyMetrics {
     sheds: Vec<OnceLock<Counter>>,
     /// `[route]`.
     opaque: Vec<OnceLock<Counter>>,
+    /// `[slot]`.
+    ages: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 4]>,
     /// `[slot]`: the `/stats` counts of each stream.
@@ -60,6 +64,7 @@ impl PolicyMetrics {
             metrics: Arc::clone(metrics),
             requests: (0..slots).map(|_| Default::default()).collect(),
             opaque: (0..route_names.len()).map(|_| OnceLock::new()).collect(),
+            ages: (0..slots).map(|_| OnceLock::new()).collect(),
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
                 .collect(),
@@ -161,5 +166,23 @@ impl PolicyMetrics {
                 )
             })
             .increment(1);
+    }
+
+    /// Records an event's age at its decision, milliseconds (a future time counts as 0).
+    pub fn event_age(&self, stream: Option<StreamId>, age_ms: i64) {
+        let slot = self.slot(stream);
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "ages in milliseconds stay far below 2^52"
+        )]
+        let secs = age_ms.max(0) as f64 / 1000.0;
+        self.ages[slot]
+            .get_or_init(|| {
+                self.metrics.histogram(
+                    EVENT_AGE,
+                    vec![Label::new("stream", self.stream_names[slot].clone())],
+                )
+            })
+            .record(secs);
     }
 }

@@ -72,6 +72,7 @@ where
     let m = &snapshot.metrics;
     match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
+            shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
             // An upstream 5xx is often fast (a failing dependency, a 503 of its own) and
             // says nothing about how long served requests take: not a latency sample.
             if !response.status().is_server_error() {

@@ -30,6 +30,7 @@ impl AdmissionLayer {
                 pressure,
                 settings,
                 classes: Arc::new(ClassLoad::default()),
+                skew: crate::clock::skew::ClockSkew::default(),
             }),
         }
     }

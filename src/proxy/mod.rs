@@ -58,12 +58,42 @@ struct Shared {
     settings: AdmissionSettings,
     /// In flight per class, for budgets.
     classes: Arc<ClassLoad>,
+    /// The local clock's offset from the upstream's, from responses' `Date` headers.
+    skew: crate::clock::skew::ClockSkew,
 }
 
 impl Shared {
     /// The proxy's clock and draw: the policy store's.
     fn sources(&self) -> &Sources {
         self.store.sources()
+    }
+
+    /// Takes a sample of the upstream's clock from a response's `Date`, and reports a change
+    /// of the correction: the gauges, and one log line when it engages or is released.
+    fn sample_clock(&self, metrics: &crate::metrics::Metrics, date: Option<&http::HeaderValue>) {
+        use crate::clock::skew::Change;
+        let change = self.skew.sample(self.sources().now(), date);
+        if let Some(ms) = self.skew.estimate() {
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "offsets in milliseconds stay far below 2^52"
+            )]
+            metrics.clock_offset.set(ms as f64 / 1000.0);
+        }
+        metrics
+            .clock_corrected
+            .set(if self.skew.corrected() { 1.0 } else { 0.0 });
+        match change {
+            Change::None => {}
+            Change::Engaged(ms) => tracing::warn!(
+                offset_ms = ms,
+                "the local clock is off from the upstream's Date by more than 5 s: event \
+                 ages are judged against the upstream's clock until it agrees again"
+            ),
+            Change::Released => {
+                tracing::info!("the local clock agrees with the upstream's again");
+            }
+        }
     }
 
     fn load(&self) -> Load {

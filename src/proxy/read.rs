@@ -35,7 +35,10 @@ pub(super) async fn admit_sheddable<S, B>(
     req: Request<B>,
 ) -> Response<Body>
 where
-    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -111,7 +114,10 @@ where
         }
     }
     let pressure = shared.pressure.admission_pressure();
-    let now = shared.sources().now();
+    // Ages are judged against the upstream's clock when the local one is off by more than
+    // the bound (docs/decision.md "Decision rule", step 4).
+    let local_now = shared.sources().now();
+    let now = shared.skew.correct(local_now);
     let decision = decide(
         policy,
         stream,
@@ -122,6 +128,19 @@ where
         &shared.load(),
     );
     m.shed(stream, decision.area, decision.verdict);
+    if let Some(age) = decision.age_ms {
+        m.event_age(stream, age);
+    }
+    if decision.verdict == Verdict::Shed(ShedReason::Stale) && shared.skew.wants_probe(local_now) {
+        // Every answer stale and no recent `Date` to tell a backlog from a clock that is
+        // ahead: ask the upstream for its clock, off the request path.
+        m.global().clock_probes.increment(1);
+        tokio::spawn(probe_clock(
+            Arc::clone(&shared),
+            inner.clone(),
+            Arc::clone(&snapshot),
+        ));
+    }
     if decision.implausible_time {
         m.unreadable(stream, route, Fact::ImplausibleTime);
     }
@@ -184,5 +203,35 @@ where
             )
             .await
         }
+    }
+}
+
+/// Sends `OPTIONS *` (RFC 9110 section 9.3.7: a request about the server as a whole, its
+/// "ping") to the upstream and samples the clock from the answer's `Date`. Not a latency
+/// sample and not a request of any stream.
+async fn probe_clock<S>(shared: Arc<Shared>, inner: S, snapshot: Arc<Snapshot>)
+where
+    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    let body = http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut req = Request::new(body);
+    *req.method_mut() = http::Method::OPTIONS;
+    *req.uri_mut() = http::Uri::from_static("*");
+    let call: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>,
+    > = Box::pin(tower::ServiceExt::oneshot(inner, req));
+    let Ok(response) = call.await;
+    if response
+        .extensions()
+        .get::<crate::upstream::UpstreamOutcome>()
+        .is_some_and(|o| matches!(o, crate::upstream::UpstreamOutcome::Answered { .. }))
+    {
+        shared.sample_clock(
+            snapshot.metrics.global(),
+            response.headers().get(http::header::DATE),
+        );
     }
 }

@@ -3,6 +3,7 @@
 mod admin;
 mod cases;
 mod classes;
+mod clock;
 mod geography;
 mod reload;
 #[cfg(feature = "demo")]

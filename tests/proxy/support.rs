@@ -55,6 +55,9 @@ pub struct Behaviour {
     pub delay: Duration,
     /// Between the response headers and the body.
     pub body_delay: Duration,
+    /// The upstream's own clock, unix milliseconds, sent as `Date` (RFC 9110 §6.6.1);
+    /// `None`: the test proxies' fixed clock [`NOW`], so both sides agree.
+    pub clock: Option<Arc<std::sync::atomic::AtomicI64>>,
 }
 
 impl Default for Behaviour {
@@ -63,6 +66,7 @@ impl Default for Behaviour {
             status: StatusCode::OK,
             delay: Duration::ZERO,
             body_delay: Duration::ZERO,
+            clock: None,
         }
     }
 }
@@ -116,6 +120,14 @@ impl MockUpstream {
                             *r.status_mut() = behaviour.status;
                             r.headers_mut()
                                 .insert("content-type", "application/json".parse().unwrap());
+                            let ms = behaviour
+                                .clock
+                                .as_ref()
+                                .map_or(NOW.0, |c| c.load(std::sync::atomic::Ordering::SeqCst));
+                            let date = std::time::UNIX_EPOCH
+                                + Duration::from_millis(u64::try_from(ms).unwrap());
+                            r.headers_mut()
+                                .insert("date", httpdate::fmt_http_date(date).parse().unwrap());
                             Ok::<_, std::convert::Infallible>(r)
                         }
                     });
