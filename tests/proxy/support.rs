@@ -47,6 +47,13 @@ pub struct Recorded {
     pub body: Bytes,
 }
 
+impl Recorded {
+    /// The proxy's own `OPTIONS *`, sent to read the upstream's clock.
+    pub fn is_clock_probe(&self) -> bool {
+        self.method == Method::OPTIONS && self.uri == "*"
+    }
+}
+
 /// How the mock upstream answers.
 #[derive(Debug, Clone)]
 pub struct Behaviour {
@@ -144,15 +151,25 @@ impl MockUpstream {
         format!("http://{}", self.addr)
     }
 
+    /// Requests forwarded to the upstream: everything it received but the proxy's own
+    /// clock probes (`OPTIONS *`, see `clock.rs`).
     pub fn count(&self) -> usize {
-        self.seen.lock().unwrap().len()
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| !r.is_clock_probe())
+            .count()
     }
 
+    /// The last forwarded request (clock probes aside).
     pub fn last(&self) -> Recorded {
         self.seen
             .lock()
             .unwrap()
-            .last()
+            .iter()
+            .rev()
+            .find(|r| !r.is_clock_probe())
             .cloned()
             .expect("the upstream saw no request")
     }
