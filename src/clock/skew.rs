@@ -5,11 +5,14 @@
 //!
 //! - **Samples.** `Date` has one-second resolution and is truncated, so one response says the
 //!   upstream's clock is in `[d, d + 1 s)` of the local one, where `d` is the `Date` minus the
-//!   local time the response arrived. At most one sample per second of local time is taken
-//!   (the cost on the response path is one atomic load otherwise).
+//!   local time the response arrived. At most one sample per second of local time is taken;
+//!   a response without `Date` costs one header lookup.
 //! - **Estimate.** The median of the last [`WINDOW`] samples plus half a second: robust to a
 //!   few responses delayed in a queue, an upstream replica with a bad clock, or a `Date`
-//!   cached by a CDN. Nothing is estimated before [`MIN_SAMPLES`] samples.
+//!   cached by a CDN. Nothing is estimated before [`MIN_SAMPLES`] samples. When
+//!   [`RESTART_AFTER`] samples in a row disagree with the estimate by more than [`BOUND`] (a
+//!   clock stepped by NTP), the window restarts from them, so the estimate follows within
+//!   seconds instead of waiting for the median to move.
 //! - **Correction.** Ages are judged against the local clock plus the estimate only when it
 //!   is beyond [`BOUND`] (5 s, five times the header's resolution): smaller offsets are noise
 //!   and the local clock stays authoritative. Beyond [`IMPLAUSIBLE`] (24 h, the limit past
@@ -17,9 +20,12 @@
 //!   corrected.
 //! - **Probes.** A proxy whose clock is ahead answers every fresh event stale and forwards
 //!   nothing, so it would never see a `Date` to learn from. While stale answers are given
-//!   and no sample is recent, it may probe the upstream with `OPTIONS *` (RFC 9110 section
-//!   9.3.7, the server-wide "ping"): at most one per [`PROBE_INTERVAL_STARTING`] until the
-//!   estimate exists, then one per [`PROBE_INTERVAL`].
+//!   and no sample is recent, it probes the upstream with `OPTIONS *` (RFC 9110 section
+//!   9.3.7, the server-wide "ping"): at most one per [`PROBE_INTERVAL_FAST`] while no estimate
+//!   exists or a correction is engaged (both are when answering stale may be wrong), else one
+//!   per [`PROBE_INTERVAL`]. So a host clock 90 s fast answers fresh events stale for about
+//!   [`MIN_SAMPLES`] seconds after start, and a corrected clock that NTP fixes is released
+//!   within about [`RESTART_AFTER`] seconds.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -29,17 +35,20 @@ use super::UnixMillis;
 /// Samples the estimate is the median of.
 pub const WINDOW: usize = 31;
 /// Samples needed before an estimate exists.
-pub const MIN_SAMPLES: usize = 5;
+pub const MIN_SAMPLES: usize = 3;
+/// Samples in a row that disagree with the estimate by more than [`BOUND`] and restart the
+/// window: more than a few responses from one upstream replica with a bad clock.
+pub const RESTART_AFTER: usize = 5;
 /// Offsets up to this, milliseconds, are not corrected (5 s).
 pub const BOUND: i64 = 5_000;
 /// Offsets beyond this, milliseconds, are not believed (24 h).
 pub const IMPLAUSIBLE: i64 = 24 * 3600 * 1000;
 /// Least local time between two samples, milliseconds (the header's resolution).
 pub const SAMPLE_INTERVAL: i64 = 1_000;
-/// Least time between probes while no estimate exists, milliseconds.
-pub const PROBE_INTERVAL_STARTING: i64 = 1_000;
-/// Least time between probes once an estimate exists, and how old the last sample must be
-/// before one is sent, milliseconds.
+/// Least time between probes, and how old the last sample must be before one is sent, while
+/// no estimate exists or a correction is engaged, milliseconds.
+pub const PROBE_INTERVAL_FAST: i64 = 1_000;
+/// The same once the local clock is known to agree, milliseconds.
 pub const PROBE_INTERVAL: i64 = 10_000;
 
 /// What a sample changed in the correction, for the caller's log line.
@@ -50,8 +59,11 @@ pub enum Change {
     /// Ages are now judged against the upstream's clock: the local clock is off by this
     /// many milliseconds (positive: the upstream is ahead).
     Engaged(i64),
-    /// The offset is back within the bound (or beyond belief): the local clock is used.
+    /// The offset is back within the bound: the local clock is used.
     Released,
+    /// The offset is beyond [`IMPLAUSIBLE`]: neither clock is believed, the local one is
+    /// used (milliseconds, as estimated).
+    Disbelieved(i64),
 }
 
 /// The skew estimate shared by every request of one proxy. Lock-free on the request path
@@ -59,7 +71,7 @@ pub enum Change {
 /// most once per second.
 #[derive(Debug)]
 pub struct ClockSkew {
-    window: Mutex<Vec<i64>>,
+    window: Mutex<Window>,
     /// Milliseconds added to the local clock when judging ages (0: none).
     correction: AtomicI64,
     /// The estimate, milliseconds; `i64::MIN` before one exists.
@@ -73,7 +85,7 @@ pub struct ClockSkew {
 impl Default for ClockSkew {
     fn default() -> Self {
         ClockSkew {
-            window: Mutex::new(Vec::with_capacity(WINDOW)),
+            window: Mutex::new(Window::default()),
             correction: AtomicI64::new(0),
             estimate: AtomicI64::new(i64::MIN),
             last_sample: AtomicI64::new(i64::MIN),
@@ -83,56 +95,41 @@ impl Default for ClockSkew {
 }
 
 impl ClockSkew {
-    /// Takes a sample from a response's `Date` value received at local time `local`, unless
-    /// one was taken less than [`SAMPLE_INTERVAL`] ago. A value that is not an HTTP-date is
-    /// ignored.
-    pub fn sample(&self, local: UnixMillis, date: Option<&http::HeaderValue>) -> Change {
-        let Some(date) = date else {
-            return Change::None;
-        };
+    /// Takes a sample from a response's HTTP-date `date` received at local time `local`,
+    /// unless one was taken less than [`SAMPLE_INTERVAL`] ago. `None` when no sample was
+    /// taken (too soon, or not an HTTP-date); else what it changed.
+    pub fn sample(&self, local: UnixMillis, date: &http::HeaderValue) -> Option<Change> {
         let last = self.last_sample.load(Ordering::Relaxed);
         if local.0.saturating_sub(last) < SAMPLE_INTERVAL {
-            return Change::None;
+            return None;
         }
-        let Some(upstream) = date.to_str().ok().and_then(parse_http_date) else {
-            return Change::None;
-        };
-        if self
-            .last_sample
+        let upstream = date.to_str().ok().and_then(parse_http_date)?;
+        self.last_sample
             .compare_exchange(last, local.0, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return Change::None;
-        }
-        self.add(upstream.0.saturating_sub(local.0))
+            .ok()?;
+        Some(self.add(upstream.0.saturating_sub(local.0)))
     }
 
-    /// Adds one sample `d` (upstream `Date` minus local time, milliseconds).
+    /// Adds one sample `d` (upstream `Date` minus local time, milliseconds). The estimate and
+    /// the correction are published under the window's lock, so a sample that lost a race
+    /// never publishes an older window.
     fn add(&self, d: i64) -> Change {
-        let estimate = {
-            let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-            if window.len() == WINDOW {
-                window.remove(0);
-            }
-            window.push(d);
-            if window.len() < MIN_SAMPLES {
-                return Change::None;
-            }
-            let mut sorted = window.clone();
-            sorted.sort_unstable();
-            sorted[sorted.len() / 2] + SAMPLE_INTERVAL / 2
+        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(estimate) = window.add(d) else {
+            return Change::None;
         };
         self.estimate.store(estimate, Ordering::Relaxed);
-        let correction = if estimate.abs() > BOUND && estimate.abs() <= IMPLAUSIBLE {
+        let believable = estimate.abs() <= IMPLAUSIBLE;
+        let correction = if estimate.abs() > BOUND && believable {
             estimate
         } else {
             0
         };
         let before = self.correction.swap(correction, Ordering::Relaxed);
         match (before, correction) {
-            (0, 0) => Change::None,
-            (0, c) => Change::Engaged(c),
-            (_, 0) => Change::Released,
+            (0, c) if c != 0 => Change::Engaged(c),
+            (b, 0) if b != 0 && believable => Change::Released,
+            (b, 0) if b != 0 => Change::Disbelieved(estimate),
             _ => Change::None,
         }
     }
@@ -161,10 +158,10 @@ impl ClockSkew {
     /// the upstream's clock: no sample and no probe within the probe interval. At most one
     /// caller per interval is told yes.
     pub fn wants_probe(&self, now: UnixMillis) -> bool {
-        let interval = if self.estimate().is_some() {
-            PROBE_INTERVAL
+        let interval = if self.estimate().is_none() || self.corrected() {
+            PROBE_INTERVAL_FAST
         } else {
-            PROBE_INTERVAL_STARTING
+            PROBE_INTERVAL
         };
         let last_sample = self.last_sample.load(Ordering::Relaxed);
         let last_probe = self.last_probe.load(Ordering::Relaxed);
@@ -174,6 +171,45 @@ impl ClockSkew {
                 .last_probe
                 .compare_exchange(last_probe, now.0, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
+    }
+}
+
+/// The last samples and the estimate they gave.
+#[derive(Debug, Default)]
+struct Window {
+    samples: Vec<i64>,
+    estimate: Option<i64>,
+    /// Samples in a row that disagreed with the estimate by more than [`BOUND`].
+    disagreeing: usize,
+}
+
+impl Window {
+    /// Adds a sample; the estimate once there are enough.
+    fn add(&mut self, d: i64) -> Option<i64> {
+        let centre = d + SAMPLE_INTERVAL / 2;
+        if self.estimate.is_some_and(|e| (centre - e).abs() > BOUND) {
+            self.disagreeing += 1;
+        } else {
+            self.disagreeing = 0;
+        }
+        if self.samples.len() == WINDOW {
+            self.samples.remove(0);
+        }
+        self.samples.push(d);
+        if self.disagreeing >= RESTART_AFTER {
+            // The clock stepped: start over from the samples taken since.
+            let keep = self.samples.len() - self.disagreeing;
+            self.samples.drain(..keep);
+            self.disagreeing = 0;
+        }
+        if self.samples.len() < MIN_SAMPLES {
+            return None;
+        }
+        let mut sorted = self.samples.clone();
+        sorted.sort_unstable();
+        let estimate = sorted[sorted.len() / 2] + SAMPLE_INTERVAL / 2;
+        self.estimate = Some(estimate);
+        Some(estimate)
     }
 }
 
@@ -202,11 +238,11 @@ mod tests {
 
     /// Samples once a second for `n` seconds: local time `start + i s + jitter`, upstream
     /// `offset` ahead.
-    fn feed(skew: &ClockSkew, start: i64, n: i64, offset: i64) -> Vec<Change> {
+    fn feed(skew: &ClockSkew, start: i64, n: i64, offset: i64) -> Vec<Option<Change>> {
         (0..n)
             .map(|i| {
                 let local = start + i * 1000 + (i * 137) % 1000;
-                skew.sample(UnixMillis(local), Some(&date(local + offset)))
+                skew.sample(UnixMillis(local), &date(local + offset))
             })
             .collect()
     }
@@ -218,10 +254,11 @@ mod tests {
         assert!(
             changes[..MIN_SAMPLES - 1]
                 .iter()
-                .all(|c| *c == Change::None)
+                .all(|c| *c == Some(Change::None))
         );
         assert!(
-            matches!(changes[MIN_SAMPLES - 1], Change::Engaged(c) if (-91_000..=-89_000).contains(&c))
+            matches!(changes[MIN_SAMPLES - 1], Some(Change::Engaged(c)) if (-91_000..=-89_000).contains(&c)),
+            "{changes:?}"
         );
         assert!(skew.corrected());
         let e = skew.estimate().unwrap();
@@ -248,18 +285,31 @@ mod tests {
         feed(&wild, T, 10, 200 * 24 * 3600 * 1000);
         assert!(!wild.corrected());
         assert!(wild.estimate().is_some());
+        // Engaged, then the upstream's clock jumps a year: disbelieved, not "agrees again".
+        let jump = ClockSkew::default();
+        feed(&jump, T, 5, 60_000);
+        let changes = feed(&jump, T + 5_000, 10, 365 * 24 * 3600 * 1000);
+        assert!(
+            changes
+                .iter()
+                .any(|c| matches!(c, Some(Change::Disbelieved(_)))),
+            "{changes:?}"
+        );
+        assert!(!changes.contains(&Some(Change::Released)));
+        assert!(!jump.corrected());
     }
 
     #[test]
-    fn the_median_ignores_a_few_outliers_and_releases_when_fixed() {
+    fn a_few_outliers_do_not_move_it_and_a_stepped_clock_is_followed() {
         let skew = ClockSkew::default();
         feed(&skew, T, 20, -90_000);
-        // A few responses from a replica whose clock is right do not move the median.
-        feed(&skew, T + 20_000, 5, 0);
+        // A few responses in a row from a replica whose clock is right: still corrected.
+        feed(&skew, T + 20_000, (RESTART_AFTER - 1) as i64, 0);
         assert!(skew.corrected());
-        // The local clock fixed (NTP stepped it back): released once most samples agree.
-        let changes = feed(&skew, T + 25_000, WINDOW as i64, 0);
-        assert!(changes.contains(&Change::Released));
+        feed(&skew, T + 30_000, 3, -90_000);
+        // The local clock fixed (NTP stepped it): released within RESTART_AFTER samples.
+        let changes = feed(&skew, T + 40_000, RESTART_AFTER as i64, 0);
+        assert_eq!(changes.last(), Some(&Some(Change::Released)), "{changes:?}");
         assert!(!skew.corrected());
     }
 
@@ -271,16 +321,21 @@ mod tests {
         assert!(!skew.wants_probe(at(500)), "one probe per interval");
         assert!(skew.wants_probe(at(1_000)));
         for i in 0..MIN_SAMPLES as i64 {
-            skew.sample(at(i * 1000), Some(&date(T + i * 1000)));
+            assert!(skew.sample(at(i * 1000), &date(T + i * 1000)).is_some());
             // A second sample within the same second is not taken.
-            skew.sample(at(i * 1000 + 10), Some(&date(T + 999_999)));
+            assert_eq!(skew.sample(at(i * 1000 + 10), &date(T + 999_999)), None);
         }
         assert!(!skew.corrected());
         assert!(!skew.wants_probe(at(9_000)), "a sample is recent");
-        assert!(skew.wants_probe(at(14_000)));
+        assert!(skew.wants_probe(at(12_000)));
         // Garbage is ignored.
         let g = http::HeaderValue::from_static("yesterday");
-        assert_eq!(skew.sample(at(20_000), Some(&g)), Change::None);
-        assert_eq!(skew.sample(at(21_000), None), Change::None);
+        assert_eq!(skew.sample(at(20_000), &g), None);
+        // While a correction is engaged, probes are fast again.
+        let engaged = ClockSkew::default();
+        feed(&engaged, T, 5, -90_000);
+        assert!(engaged.corrected());
+        assert!(engaged.wants_probe(at(6_000)));
+        assert!(engaged.wants_probe(at(7_000)));
     }
 }

@@ -29,9 +29,10 @@ pub const SHED: &str = "shedgate_shed_total";
 /// Warn-mode would-sheds (admitted), by `stream`, `area` and `reason`. Counted at the observed
 /// pressure, which is higher than enforcement would leave it.
 pub const WOULD_SHED: &str = "shedgate_would_shed_total";
-/// Sheddable requests whose facts could not be read, by `stream` and `fact` (`body`: not
-/// JSON; `coordinates`: missing or invalid, default rank used; `time`: missing or invalid,
-/// not stale; `time_implausible`: more than a day from now, not believed, not stale).
+/// Sheddable requests whose facts could not be read, by `stream`, `route` (its prefix, or
+/// `none`) and `fact` (`body`: not JSON; `coordinates`: missing or invalid, default rank
+/// used; `time`: missing or invalid, not stale; `time_implausible`: more than a day from now,
+/// not believed, not stale).
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
 /// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
 pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
@@ -43,7 +44,8 @@ pub const CLOCK_OFFSET: &str = "shedgate_clock_offset_seconds";
 pub const CLOCK_CORRECTED: &str = "shedgate_clock_corrected";
 /// `OPTIONS *` probes sent to read the upstream's clock while every answer was stale.
 pub const CLOCK_PROBES: &str = "shedgate_clock_probes_total";
-/// Event age at the decision, seconds, by `stream` (sheddable events with a readable time).
+/// Event age at the decision, seconds, by `stream` (sheddable events with a readable time;
+/// negative: in the future).
 pub const EVENT_AGE: &str = "shedgate_event_age_seconds";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
@@ -185,13 +187,15 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Buckets of [`UPSTREAM_LATENCY`], seconds.
-/// Event age buckets, seconds: around the default `stale_after` (30 s), up to a day (past which
-/// a time is not believed).
+/// Buckets of [`EVENT_AGE`], seconds: negative for times in the future (a fleet whose clocks
+/// run ahead), then around the default `stale_after` (30 s), up to a day (past which a time
+/// is not believed).
 const AGE_BUCKETS: &[f64] = &[
-    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 7200.0, 21600.0, 86400.0,
+    -3600.0, -300.0, -60.0, -5.0, 0.0, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0,
+    7200.0, 21600.0, 86400.0,
 ];
 
+/// Buckets of [`UPSTREAM_LATENCY`], seconds.
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];

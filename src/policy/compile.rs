@@ -268,33 +268,13 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         streams_text,
         &mut warnings,
     )?;
-    // An opaque envelope may carry a never-shed event: whatever stream a route maps it to
-    // must not be sheddable.
-    for r in &routes {
-        for value in r.format.opaque_values() {
-            let named = (0..r.format.modes().len())
-                .filter_map(|j| r.mode_at(j).stream.map_field(value))
-                .filter_map(|name| stream_index.get(&name).map(|id| (name, *id)));
-            for (name, id) in named {
-                if streams[id.index()].supersession == Supersession::SelfSuperseding {
-                    return Err(at(
-                        streams_path,
-                        format!("streams.{name:?}.supersession"),
-                        format!(
-                            "route {:?} (format {}) maps {value:?} envelopes to stream {name:?}, \
-                             which is self-superseding; such an envelope may hold a geofence \
-                             transition, so its stream must be never",
-                            r.prefix,
-                            serde_json::to_value(r.format)
-                                .ok()
-                                .and_then(|v| v.as_str().map(str::to_owned))
-                                .unwrap_or_default(),
-                        ),
-                    ));
-                }
-            }
-        }
-    }
+    super::opaque::check_opaque(
+        &streams,
+        &stream_index,
+        &routes,
+        streams_path,
+        &mut warnings,
+    )?;
     let mut classes = [ClassPolicy::default(); 3];
     for (class, c) in &sf.classes {
         let field = |f: &str| format!("classes.{}.{f}", class.as_str());

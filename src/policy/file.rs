@@ -123,7 +123,8 @@ pub struct ParamsSection {
     pub lat: String,
     /// Longitude key.
     pub lon: String,
-    /// Time key; without it, the time is read from the body's pointers or not at all.
+    /// Time key; without it, an event read from the query or a form has no readable time
+    /// (never stale).
     pub time: Option<String>,
 }
 

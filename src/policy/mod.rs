@@ -8,6 +8,7 @@ pub mod curve;
 mod error;
 pub mod file;
 pub mod geo;
+mod opaque;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -421,8 +422,10 @@ impl Policy {
     }
 
     /// The body answered (as `application/json`) to a stale event that came on `route` (an
-    /// index into [`Policy::routes`]) of `stream`: the route's stale body, else the success
-    /// body of the stream's own format ([`Format::success_body`]). `None` (the problem
+    /// index into [`Policy::routes`]) of `stream`: the route's stale body (its `stale_body`
+    /// or its format's), else the success body of the stream's own format
+    /// ([`Format::success_body`]; a route that only names the stream reads it in the
+    /// stream's format). `None` (the problem
     /// document) when neither has one, and whenever the stale status is not a 2xx that
     /// carries content (a 4xx is no success, and 204 and 205 have no body, RFC 9110
     /// sections 15.3.5 and 15.3.6). Only stale answers use it: a 503 never carries a
@@ -436,12 +439,15 @@ impl Policy {
         if !self.stale_status.is_success() || status == 204 || status == 205 {
             return None;
         }
-        match route.and_then(|i| self.routes.get(i)) {
-            Some(r) => r.stale_body.clone(),
-            None => stream
+        let of_stream = || {
+            stream
                 .and_then(|id| self.streams[id.index()].format.success_body())
-                .map(|b| bytes::Bytes::from_static(b.as_bytes())),
-        }
+                .map(|b| bytes::Bytes::from_static(b.as_bytes()))
+        };
+        route
+            .and_then(|i| self.routes.get(i))
+            .and_then(|r| r.stale_body.clone())
+            .or_else(of_stream)
     }
 
     /// A class's policy.

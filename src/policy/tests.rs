@@ -206,10 +206,25 @@ fn stale_bodies() {
     assert_eq!(body(0).as_deref(), Some(&b"[]"[..]));
     assert_eq!(body(1).as_deref(), Some(&br#"{"result":"ok"}"#[..]));
     assert_eq!(body(2), None);
+    // A route that only names the stream answers in the stream's format.
+    let own = "[streams.\"ot\"]\nsupersession = \"never\"\nformat = \"owntracks\"\n\n[[routes]]\nprefix = \"/o\"\nstream = \"ot\"\n";
+    let c2 = compile_str(own, "").unwrap();
+    let ot = c2.policy.stream("ot");
+    assert_eq!(
+        c2.policy.stale_body(Some(0), ot).as_deref(),
+        Some(&b"[]"[..])
+    );
     assert!(
         c.warnings
             .iter()
             .all(|w| !w.message.contains("stale_status"))
+    );
+    let conflict = format!("[defaults]\nstale_status = 409\n{routes}");
+    let c = compile_str(&conflict, "").unwrap();
+    assert_eq!(
+        c.policy.stale_body(Some(0), None),
+        None,
+        "a 4xx is no success"
     );
     let no_content = format!("[defaults]\nstale_status = 204\n{routes}");
     let c = compile_str(&no_content, "").unwrap();
@@ -244,4 +259,25 @@ fn opaque_envelopes_must_map_to_never_streams() {
     assert!(compile_str(&format!("{never}{route}"), "").is_ok());
     // Undeclared: unknown, so never shed.
     assert!(compile_str(&format!("{STREAMS}{route}"), "").is_ok());
+    // A fixed sheddable stream on an owntracks route, or a sheddable stream read as owntracks.
+    let fixed = format!("{STREAMS}{route}stream = \"vehicle.position\"\n");
+    let e = compile_str(&fixed, "").unwrap_err();
+    assert_eq!(e.location.field.as_deref(), Some("routes[0].stream"), "{e}");
+    let own = "[streams.\"ot\"]\nsupersession = \"self-superseding\"\nformat = \"owntracks\"\n";
+    let e = compile_str(own, "").unwrap_err();
+    assert_eq!(
+        e.location.field.as_deref(),
+        Some("streams.\"ot\".format"),
+        "{e}"
+    );
+    // A header-named owntracks route cannot be checked: warned about.
+    let header = format!("{STREAMS}{route}stream_header = \"x-kind\"\n");
+    let c = compile_str(&header, "").unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.message.contains("encrypted envelope")),
+        "{:?}",
+        c.warnings
+    );
 }

@@ -69,10 +69,14 @@ impl Shared {
     }
 
     /// Takes a sample of the upstream's clock from a response's `Date`, and reports a change
-    /// of the correction: the gauges, and one log line when it engages or is released.
+    /// of the correction: the gauges, and one log line when it engages, is released, or is
+    /// disbelieved. A response without `Date`, or within a second of the last sample, costs
+    /// a header lookup or a clock read and one atomic load.
     fn sample_clock(&self, metrics: &crate::metrics::Metrics, date: Option<&http::HeaderValue>) {
         use crate::clock::skew::Change;
-        let change = self.skew.sample(self.sources().now(), date);
+        let Some(change) = date.and_then(|d| self.skew.sample(self.sources().now(), d)) else {
+            return;
+        };
         if let Some(ms) = self.skew.estimate() {
             #[expect(
                 clippy::cast_precision_loss,
@@ -93,6 +97,11 @@ impl Shared {
             Change::Released => {
                 tracing::info!("the local clock agrees with the upstream's again");
             }
+            Change::Disbelieved(ms) => tracing::warn!(
+                offset_ms = ms,
+                "the upstream's Date is more than 24 h off the local clock: neither is \
+                 believed, event ages are judged against the local clock"
+            ),
         }
     }
 

@@ -172,7 +172,7 @@ where
                 }
             };
             m.request(stream, Outcome::Shed);
-            m.counts(stream).shed(reason, now);
+            m.counts(stream).shed(reason, local_now);
             rejection.into_response()
         }
         Verdict::Admit | Verdict::WouldShed(_) => {

@@ -82,15 +82,16 @@ impl World {
     }
 }
 
-/// The proxy's clock 90 s fast (`faketime +90s`): at first every fresh event is answered
-/// stale, and after the first minute they are forwarded, ages judged against the upstream's
-/// `Date`, which the gauges show. A backlog is still stale.
+/// The proxy's clock 90 s fast (`faketime +90s`): at first fresh events are answered stale,
+/// and within seconds (the README's "after the first minute", and then some) they are
+/// forwarded, ages judged against the upstream's `Date`, which the gauges show. A backlog is
+/// still stale.
 #[tokio::test]
 async fn a_local_clock_ahead_is_corrected_by_the_upstreams_date() {
     let w = world(90_000).await;
     pin(&w.proxy, 0.0).await;
     let mut statuses = Vec::new();
-    for _ in 0..90 {
+    for _ in 0..30 {
         statuses.push(w.send(0).await);
         // Let a probe's answer land before the world moves on.
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -101,9 +102,10 @@ async fn a_local_clock_ahead_is_corrected_by_the_upstreams_date() {
         StatusCode::ACCEPTED,
         "stale before any Date was seen"
     );
+    // One probe a second until three samples exist: corrected within seconds.
     assert!(
-        statuses[60..].iter().all(|s| *s == StatusCode::OK),
-        "forwarded after the first minute: {statuses:?}"
+        statuses[10..].iter().all(|s| *s == StatusCode::OK),
+        "forwarded after the first seconds: {statuses:?}"
     );
     let m = scrape(&w.proxy).await;
     let offset = metric(&m, "shedgate_clock_offset_seconds", &[]);
@@ -131,7 +133,7 @@ async fn a_local_clock_ahead_is_corrected_by_the_upstreams_date() {
             &scrape(&w.proxy).await,
             "shedgate_event_age_seconds_count",
             &[("stream", "vehicle.position")]
-        ) >= 150.0
+        ) >= 90.0
     );
 }
 
