@@ -60,6 +60,7 @@ fn bench(c: &mut Criterion) {
             let reading = admission::Reading {
                 route: None,
                 known: Some(stream),
+                ambiguous: false,
             };
             let (stream, facts) =
                 admission::assess(policy, reading, &headers, None, black_box(&body));

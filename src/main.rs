@@ -185,6 +185,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
                 let reading = admission::Reading {
                     route: None,
                     known: Some(stream),
+                    ambiguous: false,
                 };
                 admission::assess(p, reading, &headers, None, &bytes).1
             }
@@ -194,6 +195,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             body: extract::BodyState::Unread,
             coordinates: Coordinates::new(lat, lon),
             time: EventTime::Missing,
+            ambiguous: false,
         },
         _ => return fail("give --body FILE or --lat and --lon".into()),
     };

@@ -8,6 +8,7 @@ use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 
 use super::summarise;
+use crate::extract::headers::{HeaderRead, read_one};
 use crate::extract::time::parse_time_text;
 use crate::extract::{Coordinates, EventFacts, EventTime, Extractor, Facts};
 use crate::policy::{Policy, StreamId};
@@ -23,6 +24,9 @@ pub struct Reading {
     /// `Some(stream)`: known before the body (`Some(None)`: a stream the policy does not
     /// name, or none); `None`: each event names its stream in the body.
     pub known: Option<Option<StreamId>>,
+    /// A header that names the stream or the content mode was stated twice, differently:
+    /// the stream is unknown (`known` is `Some(None)`), so never shed, and counted.
+    pub ambiguous: bool,
 }
 
 /// The pointers of a stream nobody classified (`/lat`, `/lon`, `/occurred_at`), for bodies
@@ -65,7 +69,7 @@ pub fn assess(
         }
         (None, None) => (&*DEFAULT_EXTRACTOR, None),
     };
-    let form = headers.get(CONTENT_TYPE).is_some_and(|v| {
+    let form = read_one(headers, CONTENT_TYPE).value().is_some_and(|v| {
         let essence = v
             .as_bytes()
             .split(|b| *b == b';')
@@ -76,15 +80,41 @@ pub fn assess(
             .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
     });
     let mut body_facts = extractor.extract_request(query, form, body);
+    if body_facts.ambiguous {
+        // The events themselves are stated twice: nothing of the body is believed. A stream
+        // the body was to name is unknown, so never shed.
+        let facts = Facts {
+            body: body_facts.body,
+            coordinates: Coordinates::Invalid,
+            time: EventTime::Invalid,
+            ambiguous: true,
+        };
+        return (reading.known.flatten(), facts);
+    }
     // CloudEvents binary mode: the time is an attribute header, not in the data.
-    if let Some(h) = time_header
-        && let Some(at) = headers
-            .get(h)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_time_text)
-    {
+    if let Some(h) = time_header {
+        let time = match read_one(headers, h) {
+            HeaderRead::Absent => None,
+            HeaderRead::One(v) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(parse_time_text)
+                    .map_or(EventTime::Invalid, EventTime::At),
+            ),
+            HeaderRead::Ambiguous => {
+                for e in &mut body_facts.events {
+                    e.ambiguous = true;
+                }
+                Some(EventTime::Invalid)
+            }
+        };
+        // An unreadable header leaves the body's own time (binary mode has none).
         for e in &mut body_facts.events {
-            e.time = EventTime::At(at);
+            match time {
+                Some(EventTime::At(at)) => e.time = EventTime::At(at),
+                Some(t) if e.time == EventTime::Missing => e.time = t,
+                _ => {}
+            }
         }
     }
     let source = reading
@@ -119,6 +149,7 @@ pub fn assess(
             body: body_facts.body,
             coordinates: Coordinates::Missing,
             time: EventTime::Missing,
+            ambiguous: false,
         };
         (stream, no_facts)
     } else {
@@ -157,6 +188,7 @@ format = "cloudevents"
         Reading {
             route: Some((i, j)),
             known: None,
+            ambiguous: false,
         }
     }
 
@@ -167,6 +199,7 @@ format = "cloudevents"
         let reading = Reading {
             route: None,
             known: Some(id),
+            ambiguous: false,
         };
         let body = br#"{"lat":52.52,"lon":13.405,"occurred_at":1780000000}"#;
         let (stream, facts) = assess(&p, reading, &HeaderMap::new(), None, body);

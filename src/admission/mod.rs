@@ -161,6 +161,7 @@ pub fn summarise(
         body,
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
+        ambiguous: events.iter().any(|e| e.ambiguous),
     };
     for event in events {
         let stream = stream_of(event);
@@ -377,6 +378,7 @@ mod tests {
             coordinates,
             time,
             stream: None,
+            ambiguous: false,
         }
     }
 

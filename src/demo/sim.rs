@@ -346,6 +346,7 @@ pub async fn run_scenario(
                     lon: event.lon,
                 },
                 time: EventTime::At(UnixMillis(now_wall.0 - 200)),
+                ambiguous: false,
             };
             let load = Load {
                 class_inflight: [0; 3],

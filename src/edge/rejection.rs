@@ -63,6 +63,9 @@ pub enum Rejection {
     /// Ambiguous message framing (a request-smuggling attempt): 400, and the connection is
     /// closed so nothing after it on the connection is read (RFC 9112 section 6.3).
     BadFraming(String),
+    /// No `Host`, or several, on an HTTP/1.1 request (RFC 9112 section 3.2): 400 with
+    /// `Connection: close`.
+    BadHost(String),
     /// The upstream could not be reached or failed mid-response: 502.
     BadGateway(String),
     /// The upstream did not answer in time: 504.
@@ -178,7 +181,9 @@ impl Rejection {
             Rejection::Stale { status, .. } => *status,
             Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Rejection::BadRequest(_) | Rejection::BadFraming(_) => StatusCode::BAD_REQUEST,
+            Rejection::BadRequest(_) | Rejection::BadFraming(_) | Rejection::BadHost(_) => {
+                StatusCode::BAD_REQUEST
+            }
             Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -190,7 +195,9 @@ impl Rejection {
             Rejection::Shed { .. } | Rejection::Stale { .. } => None,
             Rejection::PayloadTooLarge { .. } => Some(ErrorKind::PayloadTooLarge),
             Rejection::BodyTimeout => Some(ErrorKind::BodyTimeout),
-            Rejection::BadRequest(_) | Rejection::BadFraming(_) => Some(ErrorKind::BadRequest),
+            Rejection::BadRequest(_) | Rejection::BadFraming(_) | Rejection::BadHost(_) => {
+                Some(ErrorKind::BadRequest)
+            }
             Rejection::BadGateway(_) => Some(ErrorKind::BadGateway),
             Rejection::GatewayTimeout => Some(ErrorKind::GatewayTimeout),
         }
@@ -262,6 +269,14 @@ impl Rejection {
                 None,
                 None,
             ),
+            Rejection::BadHost(why) => (
+                "urn:shedgate:problem:bad-host",
+                "Missing or repeated Host",
+                why.clone(),
+                None,
+                None,
+                None,
+            ),
             Rejection::BadGateway(why) => (
                 "urn:shedgate:problem:bad-gateway",
                 "Upstream unavailable",
@@ -287,7 +302,7 @@ impl Rejection {
             retry_after: retry,
             explanation,
         };
-        let close = matches!(self, Rejection::BadFraming(_));
+        let close = matches!(self, Rejection::BadFraming(_) | Rejection::BadHost(_));
         let (body, content_type) = match &self {
             Rejection::Stale {
                 success_body: Some(body),

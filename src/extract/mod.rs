@@ -12,6 +12,7 @@ use serde::de::DeserializeSeed;
 
 pub mod coding;
 pub mod formats;
+pub mod headers;
 pub mod params;
 mod pointer;
 pub mod time;
@@ -110,6 +111,52 @@ struct Node {
     each: Option<Box<Node>>,
     /// This value is one more event of the batch, walked with this subtree.
     one: Option<Box<Node>>,
+    /// What this subtree holds, as bits of [`mask`]: the targets under it, and
+    /// [`mask::EVENTS`] when it holds events arrays or single events.
+    mask: u16,
+}
+
+/// Bits naming what a subtree of the pointer tree holds, for ambiguity (a fact stated twice,
+/// differently, is unreadable).
+mod mask {
+    use super::Target;
+
+    pub(super) const LAT: u16 = 1;
+    pub(super) const LON: u16 = 1 << 1;
+    pub(super) const LONLAT: u16 = 1 << 2;
+    /// One bit per time candidate, from bit 3.
+    pub(super) const TIMES: u16 = 0b1111 << 3;
+    pub(super) const STREAM: u16 = 1 << 7;
+    pub(super) const EVENTS: u16 = 1 << 8;
+
+    /// The bit of one target.
+    pub(super) fn of(target: Target) -> u16 {
+        match target {
+            Target::Lat => LAT,
+            Target::Lon => LON,
+            Target::LonLat => LONLAT,
+            Target::Time(i) => (1 << 3) << i.min(3),
+            Target::Stream => STREAM,
+        }
+    }
+
+    /// Fills `node.mask` over its subtree; returns it.
+    pub(super) fn fill(node: &mut super::Node) -> u16 {
+        let mut m = node.target.map_or(0, of);
+        if let Some(each) = node.each.as_deref_mut() {
+            fill(each);
+            m |= EVENTS;
+        }
+        if let Some(one) = node.one.as_deref_mut() {
+            fill(one);
+            m |= EVENTS;
+        }
+        for (_, _, child) in &mut node.children {
+            m |= fill(child);
+        }
+        node.mask = m;
+        m
+    }
 }
 
 impl Node {
@@ -192,6 +239,7 @@ impl Extractor {
         if shape.root_array {
             root.each = Some(Box::new(event));
         }
+        mask::fill(&mut root);
         Ok(Extractor { shape, root })
     }
 
@@ -230,6 +278,7 @@ impl Extractor {
             let from = |e: EventFacts| BodyFacts {
                 body: BodyState::Params,
                 batch: false,
+                ambiguous: false,
                 events: vec![e],
             };
             if let Some(e) = query.and_then(|q| keys.read(q.as_bytes())) {
@@ -250,6 +299,7 @@ impl Extractor {
         let mut caps = Captures {
             events: vec![EventCaps::default()],
             batch: false,
+            ambiguous: false,
         };
         let mut de = serde_json::Deserializer::from_slice(body);
         let walked = match &self.root.each {
@@ -270,6 +320,7 @@ impl Extractor {
             return BodyFacts {
                 body: BodyState::NotJson,
                 batch: false,
+                ambiguous: false,
                 events: vec![EventFacts::MISSING],
             };
         }
@@ -281,6 +332,7 @@ impl Extractor {
         BodyFacts {
             body: BodyState::Json,
             batch: caps.batch,
+            ambiguous: caps.ambiguous,
             events,
         }
     }
@@ -293,6 +345,7 @@ impl Extractor {
             body: facts.body,
             coordinates: first.coordinates,
             time: first.time,
+            ambiguous: facts.ambiguous || first.ambiguous,
         }
     }
 }
@@ -311,6 +364,9 @@ pub struct BodyFacts {
     pub body: BodyState,
     /// Whether the body was a batch (an events array was found).
     pub batch: bool,
+    /// An object key on the way to the events was stated twice: which events the body holds
+    /// is ambiguous, and none of its facts is believed.
+    pub ambiguous: bool,
     /// The events; a batch may have none.
     pub events: Vec<EventFacts>,
 }
@@ -324,6 +380,9 @@ pub struct EventFacts {
     pub time: EventTime,
     /// Its stream as the body names it (before any route mapping), when the shape reads one.
     pub stream: Option<Box<str>>,
+    /// A fact of it was stated twice, differently (a duplicate key): that fact reads as
+    /// unreadable (coordinates and time invalid, stream absent).
+    pub ambiguous: bool,
 }
 
 impl EventFacts {
@@ -332,6 +391,7 @@ impl EventFacts {
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
         stream: None,
+        ambiguous: false,
     };
 }
 
@@ -344,6 +404,9 @@ pub struct Facts {
     pub coordinates: Coordinates,
     /// The event's time.
     pub time: EventTime,
+    /// A fact the request states twice, differently (a duplicate header or JSON key), was
+    /// read as unreadable.
+    pub ambiguous: bool,
 }
 
 impl Facts {
@@ -352,6 +415,7 @@ impl Facts {
         body: BodyState::Unread,
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
+        ambiguous: false,
     };
 }
 
@@ -508,6 +572,47 @@ mod tests {
         }
         // A top-level array or scalar is JSON without the facts.
         assert_eq!(e.extract_one(b"[1,2]").coordinates, Coordinates::Missing);
+    }
+
+    #[test]
+    fn facts_stated_twice_differently_are_unreadable() {
+        let e = Extractor::default();
+        let f = e.extract(br#"{"lat":1,"lon":2,"lat":3,"occurred_at":1780000000}"#);
+        assert_eq!(f.events[0].coordinates, Coordinates::Invalid);
+        assert_eq!(
+            f.events[0].time,
+            EventTime::At(UnixMillis(1_780_000_000_000))
+        );
+        assert!(f.events[0].ambiguous);
+        let f = e.extract(br#"{"lat":1,"lon":2,"occurred_at":1780000000,"occurred_at":1}"#);
+        assert_eq!(f.events[0].time, EventTime::Invalid);
+        // The same value twice is one statement.
+        let f = e.extract(br#"{"lat":1,"lon":2,"lat":1}"#);
+        assert_eq!(
+            f.events[0].coordinates,
+            Coordinates::Valid { lat: 1.0, lon: 2.0 }
+        );
+        assert!(!f.events[0].ambiguous);
+        // A parent object twice is never merged.
+        let nested = ex("/p/lat", "/p/lon", "/t");
+        let f = nested.extract(br#"{"p":{"lat":1},"p":{"lon":2}}"#);
+        assert_eq!(f.events[0].coordinates, Coordinates::Invalid);
+        // An events array twice: the body is ambiguous.
+        let shape = Shape {
+            arrays: vec![JsonPointer::parse("/e").unwrap()],
+            ..Shape::plain(
+                JsonPointer::parse("/lat").unwrap(),
+                JsonPointer::parse("/lon").unwrap(),
+                JsonPointer::parse("/t").unwrap(),
+            )
+        };
+        let batch = Extractor::new(Shape {
+            root: false,
+            ..shape
+        })
+        .unwrap();
+        assert!(batch.extract(br#"{"e":[{"lat":1}],"e":[]}"#).ambiguous);
+        assert!(!batch.extract(br#"{"e":[{"lat":1}]}"#).ambiguous);
     }
 
     #[test]

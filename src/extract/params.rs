@@ -94,10 +94,15 @@ impl ParamKeys {
                 Given::Conflicting => time = EventTime::Invalid,
             }
         }
+        let ambiguous = [&lat, &lon]
+            .into_iter()
+            .chain(&times)
+            .any(|g| *g == Given::Conflicting);
         Some(EventFacts {
             coordinates,
             time,
             stream: None,
+            ambiguous,
         })
     }
 }

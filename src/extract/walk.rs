@@ -12,7 +12,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use serde_json::value::RawValue;
 
 use super::time::{parse_time_text, parse_unix_number};
-use super::{Coordinates, EventFacts, EventTime, MAX_TIMES, Node, Target};
+use super::{Coordinates, EventFacts, EventTime, MAX_TIMES, Node, Target, mask};
 use crate::clock::UnixMillis;
 
 #[derive(Default)]
@@ -22,6 +22,8 @@ pub(super) struct EventCaps<'de> {
     lonlat: Option<&'de RawValue>,
     time: [Option<&'de RawValue>; MAX_TIMES],
     stream: Option<&'de RawValue>,
+    /// Targets stated twice, differently (bits of [`mask`]): unreadable.
+    conflicts: u16,
 }
 
 impl<'de> EventCaps<'de> {
@@ -36,23 +38,30 @@ impl<'de> EventCaps<'de> {
 
     #[inline]
     fn set(&mut self, target: Target, raw: &'de RawValue) {
-        // Duplicate keys: the last one wins, as serde_json and most JSON readers do.
-        match target {
-            Target::Lat => self.lat = Some(raw),
-            Target::Lon => self.lon = Some(raw),
-            Target::LonLat => self.lonlat = Some(raw),
-            Target::Time(i) => {
-                if let Some(slot) = self.time.get_mut(i) {
-                    *slot = Some(raw);
-                }
-            }
-            Target::Stream => self.stream = Some(raw),
+        // A duplicate key with another value is ambiguous (readers disagree on which wins):
+        // the fact becomes unreadable, never the first or the last.
+        let slot = match target {
+            Target::Lat => &mut self.lat,
+            Target::Lon => &mut self.lon,
+            Target::LonLat => &mut self.lonlat,
+            Target::Time(i) => match self.time.get_mut(i) {
+                Some(slot) => slot,
+                None => return,
+            },
+            Target::Stream => &mut self.stream,
+        };
+        match slot {
+            None => *slot = Some(raw),
+            Some(prev) if prev.get() == raw.get() => {}
+            Some(_) => self.conflicts |= mask::of(target),
         }
     }
 
     #[inline]
     pub(super) fn read(&self) -> EventFacts {
+        let c = self.conflicts;
         let coordinates = match (self.lat, self.lon, self.lonlat) {
+            _ if c & (mask::LAT | mask::LON | mask::LONLAT) != 0 => Coordinates::Invalid,
             (Some(lat), Some(lon), _) => match (read_number(lat), read_number(lon)) {
                 (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
                 _ => Coordinates::Invalid,
@@ -62,7 +71,12 @@ impl<'de> EventCaps<'de> {
             (None, None, None) => Coordinates::Missing,
         };
         let mut time = EventTime::Missing;
-        for raw in self.time.iter().flatten() {
+        for raw in self
+            .time
+            .iter()
+            .flatten()
+            .take_while(|_| c & mask::TIMES == 0)
+        {
             match read_time(raw) {
                 Some(at) => {
                     time = EventTime::At(at);
@@ -71,13 +85,18 @@ impl<'de> EventCaps<'de> {
                 None => time = EventTime::Invalid,
             }
         }
+        if c & mask::TIMES != 0 {
+            time = EventTime::Invalid;
+        }
         EventFacts {
             coordinates,
             time,
             stream: self
                 .stream
+                .filter(|_| c & mask::STREAM == 0)
                 .and_then(string_content)
                 .map(|s| s.into_owned().into_boxed_str()),
+            ambiguous: c != 0,
         }
     }
 }
@@ -86,6 +105,9 @@ pub(super) struct Captures<'de> {
     /// Index 0: the root event; a batch's elements follow.
     pub(super) events: Vec<EventCaps<'de>>,
     pub(super) batch: bool,
+    /// An object key on the way to the events (an events array, `current`) was stated
+    /// twice: which events the body holds is ambiguous.
+    pub(super) ambiguous: bool,
 }
 
 /// A GeoJSON position: `[lon, lat]` or `[lon, lat, alt]`, numbers or numeric strings.
@@ -257,11 +279,12 @@ impl<'de> Visitor<'de> for Each<'_, 'de> {
     }
 }
 
-/// Matches an object key against a node's children without allocating.
+/// Matches an object key against a node's children without allocating: the child's index
+/// and node.
 struct KeySeed<'a>(&'a Node);
 
 impl<'de, 'a> DeserializeSeed<'de> for KeySeed<'a> {
-    type Value = Option<&'a Node>;
+    type Value = Option<(usize, &'a Node)>;
 
     fn deserialize<D: de::Deserializer<'de>>(
         self,
@@ -272,7 +295,7 @@ impl<'de, 'a> DeserializeSeed<'de> for KeySeed<'a> {
 }
 
 impl<'de, 'a> Visitor<'de> for KeySeed<'a> {
-    type Value = Option<&'a Node>;
+    type Value = Option<(usize, &'a Node)>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object key")
@@ -283,8 +306,9 @@ impl<'de, 'a> Visitor<'de> for KeySeed<'a> {
             .0
             .children
             .iter()
-            .find(|(t, _, _)| t == key)
-            .map(|(_, _, n)| n))
+            .enumerate()
+            .find(|(_, (t, _, _))| t == key)
+            .map(|(i, (_, _, n))| (i, n)))
     }
 }
 
@@ -303,13 +327,31 @@ impl<'de> Visitor<'de> for Walk<'_, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Children met so far (a shape's nodes have a handful; past 64 none is tracked).
+        let mut seen = 0u64;
         while let Some(child) = map.next_key_seed(KeySeed(self.node))? {
             match child {
-                Some(child) => map.next_value_seed(Step {
-                    node: child,
-                    at: self.at,
-                    caps: &mut *self.caps,
-                })?,
+                Some((i, child)) => {
+                    let bit = 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX));
+                    let again = bit.is_some_and(|b| seen & b != 0);
+                    seen |= bit.unwrap_or(0);
+                    if again && child.target.is_none() {
+                        // A key on the way to facts stated twice: merging the two objects
+                        // would be a reading no other parser makes. Everything under it is
+                        // ambiguous.
+                        self.caps.events[self.at].conflicts |= child.mask;
+                        if child.mask & mask::EVENTS != 0 {
+                            self.caps.ambiguous = true;
+                        }
+                        map.next_value::<IgnoredAny>()?;
+                    } else {
+                        map.next_value_seed(Step {
+                            node: child,
+                            at: self.at,
+                            caps: &mut *self.caps,
+                        })?;
+                    }
+                }
                 None => {
                     map.next_value::<IgnoredAny>()?;
                 }

@@ -32,7 +32,8 @@ pub const WOULD_SHED: &str = "shedgate_would_shed_total";
 /// Sheddable requests whose facts could not be read, by `stream`, `route` (its prefix, or
 /// `none`) and `fact` (`body`: not JSON; `coordinates`: missing or invalid, default rank
 /// used; `time`: missing or invalid, not stale; `time_implausible`: more than a day from now,
-/// not believed, not stale).
+/// not believed, not stale; `ambiguous`: stated twice, differently, so unreadable, and for a
+/// stream, unknown). Ambiguity is counted on unknown streams too.
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
 /// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
 pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
@@ -98,7 +99,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         UNREADABLE,
         "counter",
-        "Sheddable requests with unreadable facts, by stream, route (its prefix, or none) and fact (body, coordinates, time, time_implausible).",
+        "Sheddable requests with unreadable facts, by stream, route (its prefix, or none) and fact (body, coordinates, time, time_implausible, ambiguous: stated twice, differently; counted on unknown streams too).",
     ),
     (
         OPAQUE,
@@ -242,6 +243,8 @@ pub enum Fact {
     Time,
     /// A time too far from now to be right (a broken device clock): not believed.
     ImplausibleTime,
+    /// A fact stated twice, differently (a duplicate header or JSON key): unreadable.
+    Ambiguous,
 }
 
 impl Fact {
@@ -251,6 +254,7 @@ impl Fact {
             Fact::Coordinates => "coordinates",
             Fact::Time => "time",
             Fact::ImplausibleTime => "time_implausible",
+            Fact::Ambiguous => "ambiguous",
         }
     }
 }

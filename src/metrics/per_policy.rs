@@ -29,7 +29,7 @@ pub struct PolicyMetrics {
     /// `[slot]`.
     ages: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
-    unreadable: Vec<[OnceLock<Counter>; 4]>,
+    unreadable: Vec<[OnceLock<Counter>; 5]>,
     /// `[slot]`: the `/stats` counts of each stream.
     counts: Vec<Arc<crate::stats::Counts>>,
 }

@@ -102,6 +102,9 @@ where
     }
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
+    if facts.ambiguous || read_as.ambiguous {
+        m.unreadable(stream, route, Fact::Ambiguous);
+    }
     if sheddable {
         if facts.body == BodyState::NotJson {
             m.unreadable(stream, route, Fact::Body);

@@ -4,34 +4,47 @@
 use http::{HeaderName, Request};
 
 use crate::admission::Reading;
+use crate::extract::headers::{HeaderRead, read_one};
 use crate::policy::{Policy, StreamId, StreamSource};
+
+/// Longest stream value read from a header, bytes: policy stream names are at most 64
+/// characters, so a longer value is unclassified without being hashed.
+const MAX_STREAM_LEN: usize = 128;
 
 /// The route and content mode matching `req`, and its stream when known before the body:
 /// from the route's source (a fixed stream, a header, a mapped header), or without a route
 /// from `stream_header` (`--stream-header`). A stream the body names is left unknown
 /// (`known: None`) until the body is read.
 pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &HeaderName) -> Reading {
+    let headers = req.headers();
+    let content_type = read_one(headers, http::header::CONTENT_TYPE);
     // The route (a path prefix) says how to read the request; without one, the stream
     // header and the stream's own pointers.
     let route = policy.route_index(req.uri().path()).map(|i| {
-        let ct = req
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .map(|v| v.as_bytes());
+        let ct = content_type.value().map(http::HeaderValue::as_bytes);
         (i, policy.routes()[i].mode_index(ct))
     });
     let source = route.map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
-    let header_value = |name: &http::HeaderName| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
+    // A header stated twice, differently, names no stream: unknown, so never shed.
+    let mut ambiguous = content_type == HeaderRead::Ambiguous;
+    let mut header_value = |name: &http::HeaderName| match read_one(headers, name) {
+        HeaderRead::One(v) => v
+            .to_str()
+            .ok()
             .map(str::trim)
+            .filter(|v| v.len() <= MAX_STREAM_LEN),
+        HeaderRead::Absent => None,
+        HeaderRead::Ambiguous => {
+            ambiguous = true;
+            None
+        }
     };
-    let header_stream = |name: &http::HeaderName| header_value(name).and_then(|v| policy.stream(v));
     // `None` here: the stream is named in the body, known only once it is read.
     let known: Option<Option<StreamId>> = match source {
-        None | Some(StreamSource::DefaultHeader) => Some(header_stream(stream_header)),
-        Some(StreamSource::Header(h)) => Some(header_stream(h)),
+        None | Some(StreamSource::DefaultHeader) => {
+            Some(header_value(stream_header).and_then(|v| policy.stream(v)))
+        }
+        Some(StreamSource::Header(h)) => Some(header_value(h).and_then(|v| policy.stream(v))),
         Some(mapped @ StreamSource::MappedHeader { name, .. }) => Some(
             header_value(name)
                 .and_then(|v| mapped.map_field(v))
@@ -40,5 +53,10 @@ pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &Head
         Some(StreamSource::Fixed(name)) => Some(policy.stream(name)),
         Some(StreamSource::Field { .. }) => None,
     };
-    Reading { route, known }
+    let known = if ambiguous { Some(None) } else { known };
+    Reading {
+        route,
+        known,
+        ambiguous,
+    }
 }

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 
 use super::support::*;
 
+mod ambiguous;
 mod formats;
 mod senders;
 

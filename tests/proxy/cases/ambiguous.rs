@@ -1,0 +1,154 @@
+//! Ambiguous input: a fact the request states twice, differently, is unreadable, never
+//! resolved by guessing (a stream becomes unknown, so never shed; a time not stale;
+//! coordinates the default rank), and counted as `fact="ambiguous"`.
+
+use super::*;
+
+fn ambiguous_count(m: &str) -> f64 {
+    metric(
+        m,
+        "shedgate_unreadable_facts_total",
+        &[("fact", "ambiguous")],
+    )
+}
+
+/// Two `X-Stream` values, sheddable first, never second: unknown, so forwarded at 0.99
+/// with both lines; in the other order too (a sender cannot dodge or force shedding).
+#[tokio::test]
+async fn case_duplicate_stream_header() {
+    let s = setup().await;
+    let case = "faults/duplicate-stream-header.http";
+    let r = assert_forwarded(&s, case, 0.99).await;
+    let streams: Vec<_> = r.headers.get_all("x-stream").iter().collect();
+    assert_eq!(streams.len(), 2, "both lines reach the upstream");
+    let swapped = String::from_utf8(render(case))
+        .unwrap()
+        .replacen("X-Stream: vehicle.position", "X-Stream: tmp", 1)
+        .replacen(
+            "X-Stream: geofence.transition",
+            "X-Stream: vehicle.position",
+            1,
+        )
+        .replacen("X-Stream: tmp", "X-Stream: geofence.transition", 1);
+    assert_forwarded_bytes(&s, case, swapped.as_bytes(), 0.99).await;
+    // The same value twice is one statement: a sheddable stream, shed at 0.99.
+    let same = String::from_utf8(render(case)).unwrap().replacen(
+        "X-Stream: geofence.transition",
+        "X-Stream: vehicle.position",
+        1,
+    );
+    pin(&s.proxy, 0.99).await;
+    assert_eq!(exchange(&s.proxy, same.as_bytes()).await.status, 503);
+    assert_eq!(ambiguous_count(&scrape(&s.proxy).await), 2.0);
+}
+
+/// The time key twice, fresh then 10 minutes old: unreadable, so not stale (forwarded at 0.3,
+/// where a stale event would be answered 202), and counted.
+#[tokio::test]
+async fn case_duplicate_time_key() {
+    let s = setup().await;
+    assert_forwarded(&s, "faults/duplicate-time-key.http", 0.3).await;
+    let m = scrape(&s.proxy).await;
+    assert_eq!(ambiguous_count(&m), 1.0, "{m}");
+    assert_eq!(
+        metric(&m, "shedgate_unreadable_facts_total", &[("fact", "time")]),
+        1.0
+    );
+}
+
+/// Duplicate keys in every place a fact is read: coordinates take the default rank (a
+/// Berlin/Munich pair is not kept at 0.75 as Berlin would be), a body-named stream is
+/// unknown (never shed), an object on the way to the facts stated twice is never merged, and
+/// an events array stated twice believes nothing. Identical repeats are one statement.
+#[tokio::test]
+async fn duplicate_json_keys_are_never_merged_or_picked() {
+    let s = setup().await;
+    let now = now_utc().unix_timestamp();
+    let send = |path: &str, stream: &str, body: String| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{stream}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let vp = "X-Stream: vehicle.position\r\n";
+    pin(&s.proxy, 0.75).await;
+    for body in [
+        // Munich, then Berlin (rank 5): not Berlin, as a last-wins reader would say.
+        format!(r#"{{"lat":48.137,"lon":13.405,"lat":52.52,"occurred_at":{now}}}"#),
+        // A pointer's parent object twice: lat from one, lon from the other would be a merge.
+        format!(r#"{{"data":{{"lat":52.52}},"data":{{"lon":13.405}},"occurred_at":{now}}}"#),
+    ] {
+        let path = if body.contains("data") {
+            "/ingest/hooks"
+        } else {
+            "/ingest"
+        };
+        let req = if path == "/ingest/hooks" {
+            let hook = format!(
+                r#"{{"type":"vehicle.position","timestamp":"{}Z",{}"#,
+                rfc3339(now_utc(), false),
+                &body[1..]
+            );
+            send(path, "", hook)
+        } else {
+            send(path, vp, body.clone())
+        };
+        let a = exchange(&s.proxy, req.as_bytes()).await;
+        assert_eq!(a.status, 503, "{body}: default rank, shed at 0.75");
+    }
+    // The same key twice with the same value: Berlin, kept.
+    let same = format!(r#"{{"lat":52.52,"lon":13.405,"lat":52.52,"occurred_at":{now}}}"#);
+    assert_eq!(
+        exchange(&s.proxy, send("/ingest", vp, same).as_bytes())
+            .await
+            .status,
+        200
+    );
+    // A body-named stream stated twice: unknown, never shed even at 1.0.
+    pin(&s.proxy, 1.0).await;
+    let ot =
+        format!(r#"{{"_type":"location","_type":"transition","lat":48.1,"lon":11.5,"tst":{now}}}"#);
+    assert_eq!(
+        exchange(&s.proxy, send("/ingest/owntracks", "", ot).as_bytes())
+            .await
+            .status,
+        200
+    );
+    // An Overland events array stated twice: nothing believed; the route's stream is fixed
+    // and sheddable, so it is decided at the default rank, not stale (shed at 0.75, never 202).
+    pin(&s.proxy, 0.0).await;
+    let old = rfc3339(now_utc() - time::Duration::seconds(600), false);
+    let point = format!(
+        r#"{{"geometry":{{"coordinates":[13.405,52.52]}},"properties":{{"timestamp":"{old}Z"}}}}"#
+    );
+    let twice = format!(r#"{{"locations":[{point}],"locations":[{point}]}}"#);
+    let a = exchange(&s.proxy, send("/ingest/overland", "", twice).as_bytes()).await;
+    assert_eq!(a.status, 200, "not answered stale");
+    assert_eq!(ambiguous_count(&scrape(&s.proxy).await), 4.0);
+}
+
+/// Two `Host` lines, or none on HTTP/1.1: 400 with `Connection: close`, nothing forwarded, no
+/// latency sample. HTTP/1.0 may omit it.
+#[tokio::test]
+async fn case_duplicate_host() {
+    let s = setup().await;
+    pin(&s.proxy, 0.0).await;
+    let a = exchange(&s.proxy, &render("faults/duplicate-host.raw")).await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.header("connection"), Some("close"));
+    assert!(a.closed);
+    let none =
+        b"POST /ingest HTTP/1.1\r\nX-Stream: geofence.transition\r\nContent-Length: 2\r\n\r\n{}";
+    let a = exchange(&s.proxy, none).await;
+    assert_eq!((a.status, a.closed), (400, true));
+    assert_eq!(s.upstream.count(), 0, "nothing forwarded");
+    let old =
+        b"POST /ingest HTTP/1.0\r\nX-Stream: geofence.transition\r\nContent-Length: 2\r\n\r\n{}";
+    assert_eq!(exchange(&s.proxy, old).await.status, 200);
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        1.0,
+        "{m}"
+    );
+}
