@@ -1,5 +1,6 @@
-//! The edge: the connection-level framing guard, and the one place where rejections become
-//! responses.
+//! The edge: the connection-level framing guard, request-target and `Host` hygiene, and the
+//! one place where rejections become responses.
 
 pub mod framing;
 pub mod rejection;
+pub mod target;

@@ -63,7 +63,7 @@ where
         {
             return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
         }
-        if let Some(rejection) = bad_host(&req) {
+        if let Some(rejection) = crate::edge::target::bad_host(&req) {
             return ResponseFuture::ready(reject(&snapshot, None, rejection));
         }
         let policy = &snapshot.policy;
@@ -130,18 +130,4 @@ fn ambiguous_framing(headers: &http::HeaderMap) -> Option<String> {
         return None;
     }
     crate::edge::framing::judge_framing(&te, headers.contains_key(CONTENT_LENGTH))
-}
-
-/// RFC 9112 section 3.2: an HTTP/1.1 request without a `Host` line, or with more than one, is
-/// answered 400 and never forwarded (which `Host` would the upstream route on?). HTTP/1.0 may
-/// omit it.
-fn bad_host<B>(req: &Request<B>) -> Option<Rejection> {
-    let mut hosts = req.headers().get_all(http::header::HOST).iter();
-    let why = match (hosts.next(), hosts.next()) {
-        (Some(_), None) => return None,
-        (None, _) if req.version() < http::Version::HTTP_11 => return None,
-        (None, _) => "an HTTP/1.1 request must have a Host header (RFC 9112 section 3.2)",
-        (Some(_), Some(_)) => "more than one Host header (RFC 9112 section 3.2)",
-    };
-    Some(Rejection::BadHost(why.to_owned()))
 }
