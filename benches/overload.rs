@@ -161,6 +161,7 @@ async fn start_binary(upstream: &str) -> std::net::SocketAddr {
         Duration::from_secs(2),
         1 << 20,
         HostHeader::Client,
+        &[],
     );
     let svc = ServiceBuilder::new()
         .load_shed()

@@ -88,6 +88,7 @@ pub fn build_stack(
             config.connect_timeout,
             config.max_body,
             config.host_header,
+            &config.trusted_proxies,
         ))
 }
 

@@ -117,6 +117,11 @@ pub struct ServeArgs {
     /// URL's authority) [default: client].
     #[arg(long, value_name = "client|upstream")]
     pub host_header: Option<HostHeader>,
+    /// Peers whose forwarding headers (`X-Forwarded-*`, `Forwarded`) are kept and extended,
+    /// as CIDRs, comma-separated (a load balancer's or ingress's addresses); everyone else's
+    /// are replaced [default: none].
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
+    pub trusted_proxies: Option<Vec<ipnet::IpNet>>,
 }
 
 impl ServeArgs {
@@ -170,6 +175,8 @@ pub struct Config {
     pub policy_recheck: Duration,
     /// How `Host` is forwarded.
     pub host_header: HostHeader,
+    /// Peers whose forwarding headers are kept and extended.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -313,6 +320,7 @@ impl Config {
             },
             drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),
             host_header: args.host_header.unwrap_or_default(),
+            trusted_proxies: args.trusted_proxies.unwrap_or_default(),
             policy_recheck: duration(args.policy_recheck, crate::live::reload::RECHECK),
         })
     }

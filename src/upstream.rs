@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use ipnet::IpNet;
 use tokio::time::Instant;
 
 use crate::BoxError;
@@ -105,6 +107,7 @@ pub struct Proxy {
     timeout: Duration,
     body_limit: u64,
     host: HostHeader,
+    trusted: Arc<[IpNet]>,
 }
 
 /// Idle pooled connections are closed after this, below common upstream keep-alive timeouts
@@ -115,13 +118,15 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 impl Proxy {
     /// A proxy to `upstream` (an `http://` URL; a path is a prefix for every request path).
     /// `timeout` bounds the wait for response headers once the request body has been sent.
-    /// `body_limit` is only reported in 413s; `host` says how `Host` is forwarded.
+    /// `body_limit` is only reported in 413s; `host` says how `Host` is forwarded; peers in
+    /// `trusted` keep their forwarding headers (see [`add_forwarding_headers`]).
     pub fn new(
         upstream: &Uri,
         timeout: Duration,
         connect_timeout: Duration,
         body_limit: u64,
         host: HostHeader,
+        trusted: &[IpNet],
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -142,6 +147,7 @@ impl Proxy {
             timeout,
             body_limit,
             host,
+            trusted: trusted.into(),
         }
     }
 
@@ -194,7 +200,9 @@ impl Proxy {
         // The body is re-framed by the client (exact size → Content-Length, else chunked).
         parts.headers.remove(header::CONTENT_LENGTH);
         if let Some(info) = client {
-            add_forwarding_headers(&mut parts.headers, info.peer.ip());
+            let ip = info.peer.ip().to_canonical();
+            let trusted = self.trusted.iter().any(|net| net.contains(&ip));
+            add_forwarding_headers(&mut parts.headers, ip, trusted);
         }
         if self.host == HostHeader::Upstream
             && let Ok(v) = HeaderValue::from_str(self.authority.as_str())
@@ -311,9 +319,35 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), and `http` to
-/// `X-Forwarded-Proto`, joining earlier values into one line.
-pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr) {
+/// Forwarding headers a client could use to claim an address, host or scheme it does not
+/// have: kept (and extended) only from trusted peers.
+const FORWARDING: [&str; 6] = [
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-real-ip",
+    "forwarded",
+];
+
+/// Sets the forwarding headers for a request from `client`.
+///
+/// - From a trusted peer (`trusted`: a load balancer or ingress in `--trusted-proxies`), the
+///   client is appended to `X-Forwarded-For` and `Forwarded` (RFC 7239 section 4), earlier
+///   values joined into one line, and `X-Forwarded-Proto` is kept as that peer set it (it
+///   names the original client's scheme; `https, http` would name none), else set to `http`.
+/// - From anyone else, every forwarding header it sent is dropped (a direct client could
+///   claim any address or `https`), and `X-Forwarded-For`, `X-Forwarded-Proto` and
+///   `Forwarded` name only this hop: its address, `http`.
+///
+/// An IPv4 client on a `[::]` listener (`::ffff:a.b.c.d`) is named as IPv4.
+pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr, trusted: bool) {
+    let client = client.to_canonical();
+    if !trusted {
+        for name in FORWARDING {
+            headers.remove(name);
+        }
+    }
     let append = |headers: &mut HeaderMap, name: HeaderName, value: String| {
         // Earlier hops are kept as bytes (a non-UTF-8 value is not dropped).
         let mut line: Vec<u8> = Vec::new();
@@ -331,11 +365,10 @@ pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr) {
         HeaderName::from_static("x-forwarded-for"),
         client.to_string(),
     );
-    append(
-        headers,
-        HeaderName::from_static("x-forwarded-proto"),
-        "http".to_owned(),
-    );
+    let proto = HeaderName::from_static("x-forwarded-proto");
+    if !headers.contains_key(&proto) {
+        headers.insert(proto, HeaderValue::from_static("http"));
+    }
     let node = match client {
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("\"[{ip}]\""),
@@ -364,17 +397,41 @@ mod tests {
     }
 
     #[test]
-    fn forwarding_headers_append() {
+    fn forwarding_headers_from_trusted_peers_are_extended() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
-        add_forwarding_headers(&mut h, "127.0.0.1".parse().unwrap());
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        add_forwarding_headers(&mut h, "127.0.0.1".parse().unwrap(), true);
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
-        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-proto"], "https", "the original scheme, once");
         assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
-        add_forwarding_headers(&mut h, "::1".parse().unwrap());
+        add_forwarding_headers(&mut h, "::1".parse().unwrap(), true);
         assert_eq!(
             h["forwarded"],
             "for=127.0.0.1;proto=http, for=\"[::1]\";proto=http"
         );
+    }
+
+    #[test]
+    fn forwarding_headers_from_anyone_else_are_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        h.insert(
+            "x-forwarded-host",
+            HeaderValue::from_static("admin.example.test"),
+        );
+        h.insert(
+            "forwarded",
+            HeaderValue::from_static("for=10.0.0.1;proto=https"),
+        );
+        add_forwarding_headers(&mut h, "::ffff:127.0.0.1".parse().unwrap(), false);
+        assert_eq!(
+            h["x-forwarded-for"], "127.0.0.1",
+            "mapped IPv4 named as IPv4"
+        );
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
+        assert!(!h.contains_key("x-forwarded-host"));
     }
 }

@@ -66,6 +66,9 @@ pub enum Rejection {
     /// No `Host`, or several, on an HTTP/1.1 request (RFC 9112 section 3.2): 400 with
     /// `Connection: close`.
     BadHost(String),
+    /// A method the proxy never forwards (`CONNECT`): 405 with `Allow` (RFC 9110 section
+    /// 15.5.6) and `Connection: close`.
+    MethodNotAllowed(http::Method),
     /// The upstream could not be reached or failed mid-response: 502.
     BadGateway(String),
     /// The upstream did not answer in time: 504.
@@ -184,6 +187,7 @@ impl Rejection {
             Rejection::BadRequest(_) | Rejection::BadFraming(_) | Rejection::BadHost(_) => {
                 StatusCode::BAD_REQUEST
             }
+            Rejection::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -195,9 +199,10 @@ impl Rejection {
             Rejection::Shed { .. } | Rejection::Stale { .. } => None,
             Rejection::PayloadTooLarge { .. } => Some(ErrorKind::PayloadTooLarge),
             Rejection::BodyTimeout => Some(ErrorKind::BodyTimeout),
-            Rejection::BadRequest(_) | Rejection::BadFraming(_) | Rejection::BadHost(_) => {
-                Some(ErrorKind::BadRequest)
-            }
+            Rejection::BadRequest(_)
+            | Rejection::BadFraming(_)
+            | Rejection::BadHost(_)
+            | Rejection::MethodNotAllowed(_) => Some(ErrorKind::BadRequest),
             Rejection::BadGateway(_) => Some(ErrorKind::BadGateway),
             Rejection::GatewayTimeout => Some(ErrorKind::GatewayTimeout),
         }
@@ -277,6 +282,14 @@ impl Rejection {
                 None,
                 None,
             ),
+            Rejection::MethodNotAllowed(method) => (
+                "urn:shedgate:problem:method-not-allowed",
+                "Method not allowed",
+                format!("{method} is never forwarded"),
+                None,
+                None,
+                None,
+            ),
             Rejection::BadGateway(why) => (
                 "urn:shedgate:problem:bad-gateway",
                 "Upstream unavailable",
@@ -302,7 +315,10 @@ impl Rejection {
             retry_after: retry,
             explanation,
         };
-        let close = matches!(self, Rejection::BadFraming(_) | Rejection::BadHost(_));
+        let close = matches!(
+            self,
+            Rejection::BadFraming(_) | Rejection::BadHost(_) | Rejection::MethodNotAllowed(_)
+        );
         let (body, content_type) = match &self {
             Rejection::Stale {
                 success_body: Some(body),
@@ -326,8 +342,29 @@ impl Rejection {
         if close {
             headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
+        if matches!(self, Rejection::MethodNotAllowed(_)) {
+            headers.insert(
+                http::header::ALLOW,
+                HeaderValue::from_static(ALLOWED_METHODS),
+            );
+        }
         response
     }
+}
+
+/// Methods the proxy forwards, for `Allow`: every method but `CONNECT` (and `OPTIONS *`,
+/// answered here).
+pub const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
+
+/// The proxy's own answer to `OPTIONS *` (RFC 9110 section 9.3.7): 200, `Allow`, no body.
+/// Never forwarded, so no latency sample.
+pub fn server_options() -> Response<Body> {
+    let mut response = Response::new(full(Bytes::new()));
+    response.headers_mut().insert(
+        http::header::ALLOW,
+        HeaderValue::from_static(ALLOWED_METHODS),
+    );
+    response
 }
 
 #[cfg(test)]

@@ -1,9 +1,56 @@
 //! Request-target and head hygiene, before admission: what a request's line and `Host` say
 //! must be one thing (RFC 9112 section 3.2).
 
-use http::Request;
+use http::header::HOST;
+use http::{HeaderValue, Method, Request};
 
 use super::rejection::Rejection;
+
+/// What the edge answers itself, before admission.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Local {
+    /// A refusal, counted as one.
+    Reject(Box<Rejection>),
+    /// `OPTIONS *`: a question about the server as a whole (RFC 9110 section 9.3.7), which
+    /// the proxy answers for itself ([`super::rejection::server_options`]).
+    ServerOptions,
+}
+
+/// Requests the proxy must never forward, answered here:
+/// - `CONNECT` (a tunnel to any host the proxy can reach): 405 with `Allow` and
+///   `Connection: close`, since the client may follow with tunnel bytes;
+/// - `OPTIONS *`: answered locally;
+/// - an absolute-form target (RFC 9112 section 3.2.2) whose scheme is not `http` or `https`:
+///   400.
+///
+/// An absolute-form target with an `http` or `https` scheme is kept, and its authority
+/// replaces `Host` (RFC 9112 section 3.2.2: a server ignores `Host` then), so the upstream
+/// routes on what the request line says.
+pub fn local_answer<B>(req: &mut Request<B>) -> Option<Local> {
+    if req.method() == Method::CONNECT {
+        return Some(Local::Reject(Box::new(Rejection::MethodNotAllowed(
+            Method::CONNECT,
+        ))));
+    }
+    if req.method() == Method::OPTIONS && req.uri() == "*" {
+        return Some(Local::ServerOptions);
+    }
+    let uri = req.uri();
+    if let Some(scheme) = uri.scheme_str() {
+        if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+            return Some(Local::Reject(Box::new(Rejection::BadRequest(format!(
+                "request target scheme {scheme:?} is not http or https"
+            )))));
+        }
+        if let Some(v) = uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            req.headers_mut().insert(HOST, v);
+        }
+    }
+    None
+}
 
 /// RFC 9112 section 3.2: an HTTP/1.1 request without a `Host` line, or with more than one, is
 /// answered 400 and never forwarded (which `Host` would the upstream route on?). HTTP/1.0 may

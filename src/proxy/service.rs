@@ -19,6 +19,7 @@ use super::read::admit_sheddable;
 use super::resolve::resolve;
 use crate::BoxError;
 use crate::edge::rejection::{Body, Rejection};
+use crate::edge::target::Local;
 use crate::policy::Supersession;
 use crate::upstream::ForwardBody;
 
@@ -50,7 +51,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<B>) -> ResponseFuture {
+    fn call(&mut self, mut req: Request<B>) -> ResponseFuture {
         let shared = Arc::clone(&self.shared);
         let inner = self.inner.clone();
         let snapshot = shared.store.load();
@@ -65,6 +66,15 @@ where
         }
         if let Some(rejection) = crate::edge::target::bad_host(&req) {
             return ResponseFuture::ready(reject(&snapshot, None, rejection));
+        }
+        match crate::edge::target::local_answer(&mut req) {
+            Some(Local::Reject(rejection)) => {
+                return ResponseFuture::ready(reject(&snapshot, None, *rejection));
+            }
+            Some(Local::ServerOptions) => {
+                return ResponseFuture::ready(crate::edge::rejection::server_options());
+            }
+            None => {}
         }
         let policy = &snapshot.policy;
         let reading = resolve(policy, &req, &shared.settings.stream_header);

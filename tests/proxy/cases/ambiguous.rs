@@ -1,6 +1,7 @@
-//! Ambiguous input: a fact the request states twice, differently, is unreadable, never
-//! resolved by guessing (a stream becomes unknown, so never shed; a time not stale;
-//! coordinates the default rank), and counted as `fact="ambiguous"`.
+//! Ambiguous input and edge hygiene: a fact the request states twice, differently, is
+//! unreadable, never resolved by guessing (a stream becomes unknown, so never shed; a time not
+//! stale; coordinates the default rank), and counted as `fact="ambiguous"`; request targets
+//! and forwarding headers that would make the upstream see something else than the proxy.
 
 use super::*;
 
@@ -151,4 +152,72 @@ async fn case_duplicate_host() {
         1.0,
         "{m}"
     );
+}
+
+/// `CONNECT` to an internal host: 405 answered locally with `Allow` and close, nothing
+/// forwarded. `OPTIONS *`: answered locally, nothing forwarded, no latency sample.
+#[tokio::test]
+async fn case_connect_method_and_server_options_are_answered_locally() {
+    let s = setup().await;
+    let a = exchange(&s.proxy, &render("faults/connect-method.raw")).await;
+    assert_eq!(a.status, 405);
+    assert!(a.header("allow").is_some_and(|v| !v.contains("CONNECT")));
+    assert!(a.closed);
+    let a = exchange(
+        &s.proxy,
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert!(a.header("allow").is_some());
+    assert_eq!(
+        s.upstream.seen.lock().unwrap().len(),
+        0,
+        "nothing forwarded"
+    );
+    let m = scrape(&s.proxy).await;
+    assert_eq!(
+        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        0.0
+    );
+}
+
+/// An absolute-form target whose authority differs from `Host`: the upstream sees the
+/// target's authority (RFC 9112 §3.2.2). A scheme other than http or https: 400.
+#[tokio::test]
+async fn case_absolute_form_authority() {
+    let s = setup().await;
+    let r = assert_forwarded(&s, "faults/absolute-form-authority.http", 1.0).await;
+    assert_eq!(r.headers["host"], "tenant-a.example.test");
+    assert_eq!(r.uri.path(), "/ingest");
+    let ftp = b"POST ftp://tenant-a.example.test/ingest HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\nContent-Length: 2\r\n\r\n{}";
+    let before = s.upstream.count();
+    assert_eq!(exchange(&s.proxy, ftp).await.status, 400);
+    assert_eq!(s.upstream.count(), before);
+}
+
+/// Forwarding headers: from a trusted peer (`--trusted-proxies`) they are kept and extended
+/// (`X-Forwarded-Proto` stays `https`, not `https, http`); from anyone else they are replaced.
+#[tokio::test]
+async fn forwarding_headers_are_kept_only_from_trusted_peers() {
+    let req = b"POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\nX-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: admin.example.test\r\nContent-Length: 2\r\n\r\n{}";
+    for (trusted, xff, proto) in [
+        (
+            vec!["127.0.0.0/8".parse().unwrap()],
+            "203.0.113.7, 127.0.0.1",
+            "https",
+        ),
+        (vec!["10.0.0.0/8".parse().unwrap()], "127.0.0.1", "http"),
+    ] {
+        let upstream = MockUpstream::start().await;
+        let proxy = spawn_proxy_with(&upstream.url(), &cases_policy(), |a| {
+            a.trusted_proxies = Some(trusted);
+        })
+        .await;
+        assert_eq!(exchange(&proxy, req).await.status, 200);
+        let r = upstream.last();
+        assert_eq!(r.headers["x-forwarded-for"], xff);
+        assert_eq!(r.headers["x-forwarded-proto"], proto);
+        assert_eq!(r.headers.contains_key("x-forwarded-host"), proto == "https");
+    }
 }
