@@ -4,6 +4,7 @@
 use http::{HeaderName, Request};
 
 use crate::admission::Reading;
+use crate::edge::target::route_path;
 use crate::extract::headers::{HeaderRead, read_one};
 use crate::policy::{Policy, StreamId, StreamSource};
 
@@ -20,7 +21,7 @@ pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &Head
     let content_type = read_one(headers, http::header::CONTENT_TYPE);
     // The route (a path prefix) says how to read the request; without one, the stream
     // header and the stream's own pointers.
-    let route = policy.route_index(req.uri().path()).map(|i| {
+    let route = policy.route_index(&route_path(req.uri().path())).map(|i| {
         let ct = content_type.value().map(http::HeaderValue::as_bytes);
         (i, policy.routes()[i].mode_index(ct))
     });

@@ -221,3 +221,26 @@ async fn forwarding_headers_are_kept_only_from_trusted_peers() {
         assert_eq!(r.headers.contains_key("x-forwarded-host"), proto == "https");
     }
 }
+
+/// Routes match the normalised path: `/ingest/./owntracks` (the case), `//ingest/owntracks`
+/// and an encoded `o` are the OwnTracks route (a Munich location, shed at 0.99), not an
+/// unknown stream that is never shed; the path is forwarded as sent when admitted.
+#[tokio::test]
+async fn case_dot_segment_path() {
+    let s = setup().await;
+    let case = "faults/dot-segment-path.http";
+    assert_shed(&s, case, 0.99).await;
+    let sent = String::from_utf8(render(case)).unwrap();
+    for path in [
+        "//ingest/owntracks",
+        "/ingest/%6Fwntracks",
+        "/ingest/overland/../owntracks",
+    ] {
+        let req = sent.replacen("/ingest/./owntracks", path, 1);
+        pin(&s.proxy, 0.99).await;
+        let a = exchange(&s.proxy, req.as_bytes()).await;
+        assert_eq!(a.status, 503, "{path}");
+    }
+    let r = assert_forwarded(&s, case, 0.3).await;
+    assert_eq!(r.uri.path(), "/ingest/./owntracks", "forwarded as sent");
+}
