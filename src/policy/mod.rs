@@ -377,7 +377,8 @@ impl Policy {
     }
 
     /// Index (into [`Policy::routes`]) of the route of a request path: the longest prefix
-    /// that matches at a segment boundary.
+    /// that matches at a segment boundary. The proxy passes the normalised path
+    /// (`crate::edge::target::route_path`).
     pub fn route_index(&self, path: &str) -> Option<usize> {
         self.routes
             .iter()
