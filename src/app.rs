@@ -19,7 +19,7 @@ use tower::{Service, ServiceBuilder};
 use crate::admin::{self, AdminState};
 use crate::clock::Sources;
 use crate::config::Config;
-use crate::edge::framing::{AmbiguousFraming, FramingGuard};
+use crate::edge::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong};
 use crate::edge::rejection::Body;
 use crate::live::PolicyStore;
 use crate::metrics::Metrics;
@@ -156,8 +156,12 @@ pub async fn start(
     tasks.push(tokio::spawn(serve_proxy(
         listener,
         stack,
-        config.header_read_timeout,
-        config.drain_timeout,
+        Connections {
+            header_read_timeout: config.header_read_timeout,
+            drain_timeout: config.drain_timeout,
+            max_header_line: config.max_header_line,
+            max_head: config.max_head,
+        },
         shutdown_rx.clone(),
     )));
     let router = admin::router(AdminState {
@@ -244,12 +248,20 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// Client connection settings of the proxy listener.
+#[derive(Debug, Clone, Copy)]
+struct Connections {
+    header_read_timeout: Duration,
+    drain_timeout: Duration,
+    max_header_line: usize,
+    max_head: usize,
+}
+
 /// Accepts connections until shutdown, then drains.
 async fn serve_proxy<S>(
     listener: TcpListener,
     stack: S,
-    header_read_timeout: Duration,
-    drain_timeout: Duration,
+    settings: Connections,
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: Service<Request<Incoming>, Response = http::Response<Body>, Error = Infallible>
@@ -262,7 +274,9 @@ async fn serve_proxy<S>(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
+        .header_read_timeout(settings.header_read_timeout)
+        // A head over the limit is answered 431 by hyper itself.
+        .max_header_size(settings.max_head)
         .keep_alive(true);
     loop {
         let accepted = tokio::select! {
@@ -282,11 +296,17 @@ async fn serve_proxy<S>(
         let info = ClientInfo { peer };
         // The framing guard reads each request head on the raw bytes, before hyper
         // normalises what a smuggling attempt would show (see `framing`).
-        let (io, verdicts) = FramingGuard::new(TokioIo::new(stream));
+        let (io, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
         let svc = tower::util::MapRequest::new(stack.clone(), move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
-            if let Some(why) = verdicts.next() {
-                req.extensions_mut().insert(AmbiguousFraming(why));
+            match verdicts.next() {
+                Some(HeadVerdict::Framing(why)) => {
+                    req.extensions_mut().insert(AmbiguousFraming(why));
+                }
+                Some(HeadVerdict::LineTooLong(limit)) => {
+                    req.extensions_mut().insert(HeaderLineTooLong(limit));
+                }
+                None => {}
             }
             req
         });
@@ -300,6 +320,7 @@ async fn serve_proxy<S>(
     }
     drop(listener);
     tracing::info!("draining in-flight requests");
+    let drain_timeout = settings.drain_timeout;
     if tokio::time::timeout(drain_timeout, graceful.shutdown())
         .await
         .is_err()

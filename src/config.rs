@@ -122,6 +122,13 @@ pub struct ServeArgs {
     /// are replaced [default: none].
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
     pub trusted_proxies: Option<Vec<ipnet::IpNet>>,
+    /// Longest request header line, bytes; longer gets 431 [default: 8192, nginx's].
+    #[arg(long, value_name = "BYTES")]
+    pub max_header_line: Option<usize>,
+    /// Largest request head (request line and headers), bytes; larger gets 431
+    /// [default: 32768, nginx's 4 × 8 KiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_head: Option<usize>,
 }
 
 impl ServeArgs {
@@ -177,6 +184,10 @@ pub struct Config {
     pub host_header: HostHeader,
     /// Peers whose forwarding headers are kept and extended.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Longest request header line, bytes.
+    pub max_header_line: usize,
+    /// Largest request head, bytes (at least `max_header_line`).
+    pub max_head: usize,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -303,6 +314,17 @@ impl Config {
                 ),
             ));
         }
+        let max_header_line = args.max_header_line.unwrap_or(8 * 1024);
+        let max_head = args.max_head.unwrap_or(32 * 1024);
+        if max_header_line < 64 {
+            return Err(invalid("max-header-line", "must be at least 64 bytes"));
+        }
+        if max_head < max_header_line {
+            return Err(invalid(
+                "max-head",
+                format!("{max_head} is below max-header-line {max_header_line}"),
+            ));
+        }
         Ok(Config {
             listen,
             upstream,
@@ -321,6 +343,8 @@ impl Config {
             drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),
             host_header: args.host_header.unwrap_or_default(),
             trusted_proxies: args.trusted_proxies.unwrap_or_default(),
+            max_header_line,
+            max_head,
             policy_recheck: duration(args.policy_recheck, crate::live::reload::RECHECK),
         })
     }

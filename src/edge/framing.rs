@@ -52,7 +52,18 @@ struct Tracker {
     /// Bytes read but not consumed yet: only a partial head or chunk line waits here; body
     /// bytes are skipped as they arrive.
     pending: Vec<u8>,
-    verdicts: VecDeque<Option<String>>,
+    verdicts: VecDeque<Option<HeadVerdict>>,
+    /// Longest header line accepted, bytes (name, `: `, value and CRLF).
+    max_line: usize,
+}
+
+/// What is wrong with one request head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadVerdict {
+    /// Ambiguous framing: why.
+    Framing(String),
+    /// A header line longer than the limit (`--max-header-line`, bytes): 431.
+    LineTooLong(usize),
 }
 
 /// The verdicts of one connection's request heads, in order: `Some(why)` for ambiguous
@@ -62,7 +73,7 @@ pub struct Verdicts(Arc<Mutex<Tracker>>);
 
 impl Verdicts {
     /// The verdict of the next request the service sees (`None`: clean, or not known).
-    pub fn next(&self) -> Option<String> {
+    pub fn next(&self) -> Option<HeadVerdict> {
         self.0.lock().ok()?.verdicts.pop_front().flatten()
     }
 }
@@ -70,6 +81,10 @@ impl Verdicts {
 /// The verdict of one request, carried in its extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmbiguousFraming(pub String);
+
+/// A request with a header line over the limit (bytes), carried in its extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderLineTooLong(pub usize);
 
 /// Wraps a connection's IO; feeds every byte read to the tracker.
 #[derive(Debug)]
@@ -79,12 +94,15 @@ pub struct FramingGuard<IO> {
 }
 
 impl<IO> FramingGuard<IO> {
-    /// Guards `io`; the returned [`Verdicts`] go to the connection's service.
-    pub fn new(io: IO) -> (Self, Verdicts) {
+    /// Guards `io`; the returned [`Verdicts`] go to the connection's service. A header line
+    /// longer than `max_line` bytes is flagged too (nginx's default per line is 8 KiB; hyper
+    /// has no per-line limit, only one per head).
+    pub fn new(io: IO, max_line: usize) -> (Self, Verdicts) {
         let tracker = Verdicts(Arc::new(Mutex::new(Tracker {
             phase: Phase::Head,
             pending: Vec::new(),
             verdicts: VecDeque::new(),
+            max_line,
         })));
         (
             FramingGuard {
@@ -171,7 +189,9 @@ impl Tracker {
                     let mut req = httparse::Request::new(&mut headers);
                     match req.parse(&self.pending[pos..]) {
                         Ok(httparse::Status::Complete(n)) => {
-                            let verdict = judge(&req);
+                            let verdict = judge(&req)
+                                .map(HeadVerdict::Framing)
+                                .or_else(|| self.line_too_long(&req));
                             let next = next_phase(&req);
                             self.verdicts.push_back(verdict);
                             self.phase = next;
@@ -228,6 +248,13 @@ impl Tracker {
         } else {
             self.pending.drain(..pos.min(self.pending.len()));
         }
+    }
+
+    fn line_too_long(&self, req: &httparse::Request<'_, '_>) -> Option<HeadVerdict> {
+        req.headers
+            .iter()
+            .any(|h| h.name.len() + 2 + h.value.len() + 2 > self.max_line)
+            .then_some(HeadVerdict::LineTooLong(self.max_line))
     }
 
     fn chunk_line(&mut self, text: &str) {
@@ -322,7 +349,22 @@ mod tests {
     use super::*;
 
     fn verdicts(stream: &[u8], split_every: usize) -> Vec<Option<String>> {
+        head_verdicts(stream, split_every, usize::MAX)
+            .into_iter()
+            .map(|v| match v {
+                Some(HeadVerdict::Framing(why)) => Some(why),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn head_verdicts(
+        stream: &[u8],
+        split_every: usize,
+        max_line: usize,
+    ) -> Vec<Option<HeadVerdict>> {
         let mut t = Tracker {
+            max_line,
             phase: Phase::Head,
             pending: Vec::new(),
             verdicts: VecDeque::new(),
@@ -337,6 +379,22 @@ mod tests {
 POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n\
 GET /c HTTP/1.1\r\nHost: x\r\n\r\n\
 POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+
+    #[test]
+    fn header_lines_over_the_limit_are_flagged() {
+        let long = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nX-Stream: {}\r\nContent-Length: 0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "a".repeat(30_000)
+        );
+        let v = head_verdicts(long.as_bytes(), 4096, 8192);
+        assert_eq!(v, vec![Some(HeadVerdict::LineTooLong(8192)), None]);
+        // Exactly at the limit: "X-Stream: " + value + CRLF.
+        let at = format!(
+            "POST / HTTP/1.1\r\nX-Stream: {}\r\n\r\n",
+            "a".repeat(8192 - 12)
+        );
+        assert_eq!(head_verdicts(at.as_bytes(), 100, 8192), vec![None]);
+    }
 
     #[test]
     fn follows_pipelined_requests_at_any_split() {

@@ -66,6 +66,9 @@ pub enum Rejection {
     /// No `Host`, or several, on an HTTP/1.1 request (RFC 9112 section 3.2): 400 with
     /// `Connection: close`.
     BadHost(String),
+    /// A request header line over `--max-header-line` (bytes): 431 (RFC 6585 section 5) with
+    /// `Connection: close`.
+    HeaderLineTooLong(usize),
     /// A method the proxy never forwards (`CONNECT`): 405 with `Allow` (RFC 9110 section
     /// 15.5.6) and `Connection: close`.
     MethodNotAllowed(http::Method),
@@ -188,6 +191,7 @@ impl Rejection {
                 StatusCode::BAD_REQUEST
             }
             Rejection::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Rejection::HeaderLineTooLong(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -202,7 +206,8 @@ impl Rejection {
             Rejection::BadRequest(_)
             | Rejection::BadFraming(_)
             | Rejection::BadHost(_)
-            | Rejection::MethodNotAllowed(_) => Some(ErrorKind::BadRequest),
+            | Rejection::MethodNotAllowed(_)
+            | Rejection::HeaderLineTooLong(_) => Some(ErrorKind::BadRequest),
             Rejection::BadGateway(_) => Some(ErrorKind::BadGateway),
             Rejection::GatewayTimeout => Some(ErrorKind::GatewayTimeout),
         }
@@ -282,6 +287,14 @@ impl Rejection {
                 None,
                 None,
             ),
+            Rejection::HeaderLineTooLong(limit) => (
+                "urn:shedgate:problem:header-too-large",
+                "Request header line too large",
+                format!("a request header line is longer than {limit} bytes"),
+                None,
+                None,
+                None,
+            ),
             Rejection::MethodNotAllowed(method) => (
                 "urn:shedgate:problem:method-not-allowed",
                 "Method not allowed",
@@ -317,7 +330,10 @@ impl Rejection {
         };
         let close = matches!(
             self,
-            Rejection::BadFraming(_) | Rejection::BadHost(_) | Rejection::MethodNotAllowed(_)
+            Rejection::BadFraming(_)
+                | Rejection::BadHost(_)
+                | Rejection::MethodNotAllowed(_)
+                | Rejection::HeaderLineTooLong(_)
         );
         let (body, content_type) = match &self {
             Rejection::Stale {

@@ -244,3 +244,32 @@ async fn case_dot_segment_path() {
     let r = assert_forwarded(&s, case, 0.3).await;
     assert_eq!(r.uri.path(), "/ingest/./owntracks", "forwarded as sent");
 }
+
+/// Request heads have limits, nginx's by default: a 30 KB `X-Stream` line (over 8 KiB per
+/// line) and a head of five 7 KB lines (over 32 KiB) get 431 with the connection closed,
+/// nothing forwarded.
+#[tokio::test]
+async fn oversized_header_lines_and_heads_get_431() {
+    let s = setup().await;
+    let long = format!(
+        "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+        "v".repeat(30_000)
+    );
+    let a = exchange(&s.proxy, long.as_bytes()).await;
+    assert_eq!((a.status, a.closed), (431, true));
+    let lines: String = (0..5)
+        .map(|i| format!("X-Pad-{i}: {}\r\n", "p".repeat(7_000)))
+        .collect();
+    let big = format!(
+        "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\n{lines}Content-Length: 2\r\n\r\n{{}}"
+    );
+    let a = exchange(&s.proxy, big.as_bytes()).await;
+    assert_eq!((a.status, a.closed), (431, true));
+    assert_eq!(s.upstream.count(), 0);
+    // Within both limits: forwarded.
+    let fine = format!(
+        "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\nX-Pad: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+        "p".repeat(7_000)
+    );
+    assert_eq!(exchange(&s.proxy, fine.as_bytes()).await.status, 200);
+}
