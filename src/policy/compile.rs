@@ -178,14 +178,18 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let mut stream_index = HashMap::with_capacity(sf.streams.len());
     for (name, s) in sf.streams {
         let field = |f: &str| format!("streams.{name:?}.{f}");
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(at(
+        if !label_name_ok(&name) {
+            let mut e = at(
                 streams_path,
                 format!("streams.{name:?}"),
-                "a stream name must be non-empty printable ASCII without spaces (it is matched \
-                 against a header value)"
-                    .into(),
-            ));
+                format!(
+                    "stream name {name:?} must be 1..=64 characters of [A-Za-z0-9_.-], as area \
+                     names: it is matched against a header value and becomes a metric label, \
+                     where names differing only by \\ or \" would collide"
+                ),
+            );
+            e.location.line_col = table_line(streams_text, "streams", &name);
+            return Err(e);
         }
         if name == crate::policy::UNKNOWN_STREAM {
             return Err(at(
@@ -349,12 +353,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let mut cells: HashMap<u64, AreaId> = HashMap::new();
     for (i, a) in af.areas.into_iter().enumerate() {
         let field = |f: &str| format!("areas[{i}].{f}");
-        let name_ok = !a.name.is_empty()
-            && a.name.len() <= 64
-            && a.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !name_ok {
+        if !label_name_ok(&a.name) {
             return Err(at(
                 &areas_path,
                 field("name"),
@@ -532,4 +531,40 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         },
         warnings,
     })
+}
+
+/// The grammar of names that become metric labels (streams and areas): 1..=64 characters of
+/// `[A-Za-z0-9_.-]`, so no two names can render as one label value (`\` and `"` are escaped
+/// in the exposition format, which made `dock\A` and `dock\\A` collide) and a header value
+/// can name any of them.
+fn label_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// Best effort: the line and column of the table header `[table."name"]` (or with the name
+/// bare or single-quoted) in `text`, for errors about a table key.
+fn table_line(text: &str, table: &str, name: &str) -> Option<(usize, usize)> {
+    let basic = name.replace('\\', "\\\\").replace('"', "\\\"");
+    let forms = [
+        format!("[{table}.\"{basic}\"]"),
+        format!("[{table}.'{name}']"),
+        format!("[{table}.{name}]"),
+    ];
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+        let starts = |f: &String| {
+            let f: String = f.chars().filter(|c| !c.is_whitespace()).collect();
+            compact.starts_with(&f)
+        };
+        if forms.iter().any(starts) {
+            return Some(line_col(text, offset));
+        }
+        offset += line.len();
+    }
+    None
 }

@@ -281,3 +281,35 @@ fn opaque_envelopes_must_map_to_never_streams() {
         c.warnings
     );
 }
+
+/// Stream names follow the area names' grammar: `dock\A` and `dock\\A` would render as one
+/// label value. Refused with file, line and field.
+#[test]
+fn stream_names_are_label_safe() {
+    for (toml_key, name) in [
+        (r#""dock\\A""#, "dock\\A"),
+        (r#"'dock\\A'"#, "dock\\\\A"),
+        (r#""a\"b""#, "a\"b"),
+        (r#""has space""#, "has space"),
+    ] {
+        let text = format!(
+            "[streams.\"ok\"]\nsupersession = \"never\"\n\n[streams.{toml_key}]\nsupersession = \"never\"\n"
+        );
+        let e = compile_str(&text, "").unwrap_err();
+        assert_eq!(e.location.field, Some(format!("streams.{name:?}")), "{e}");
+        assert_eq!(
+            e.location.line_col.map(|(l, _)| l),
+            Some(4),
+            "{toml_key}: {e}"
+        );
+    }
+    let long = format!("[streams.{}]\nsupersession = \"never\"\n", "a".repeat(65));
+    assert!(compile_str(&long, "").is_err());
+    assert!(
+        compile_str(
+            "[streams.\"com.example-fleet_pos.v2\"]\nsupersession = \"never\"\n",
+            ""
+        )
+        .is_ok()
+    );
+}
