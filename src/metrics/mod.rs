@@ -17,6 +17,7 @@ use metrics_exporter_prometheus::{
 
 use crate::policy::Policy;
 
+mod live;
 mod per_policy;
 
 pub use per_policy::PolicyMetrics;
@@ -336,6 +337,8 @@ pub struct Metrics {
     pub stats: crate::stats::Stats,
     disabled: std::sync::Mutex<std::collections::HashMap<(&'static str, String), Gauge>>,
     policy_info: std::sync::Mutex<Option<Gauge>>,
+    /// The live policy's names: renders leave out series of names that left it.
+    live: std::sync::Mutex<Option<live::LiveNames>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -392,6 +395,7 @@ impl Metrics {
             stats: crate::stats::Stats::default(),
             disabled: std::sync::Mutex::default(),
             policy_info: std::sync::Mutex::new(None),
+            live: std::sync::Mutex::new(None),
             recorder,
             handle,
         };
@@ -399,9 +403,15 @@ impl Metrics {
         m
     }
 
-    /// Prometheus text exposition of every metric.
+    /// Prometheus text exposition of every metric, without the series of stream, area and
+    /// route names (and policy versions) that left the live policy: they disappear at the
+    /// reload that removes them (see `live.rs`).
     pub fn render(&self) -> String {
-        self.handle.render()
+        let text = self.handle.render();
+        match &*self.live.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(live) => live.filter(&text),
+            None => text,
+        }
     }
 
     /// Drains histogram samples into their buckets; call periodically (the exporter starts no
@@ -437,6 +447,7 @@ impl Metrics {
         gauge.set(1.0);
         *info = Some(gauge);
         drop(info);
+        *self.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live::LiveNames::of(policy));
         self.export_disabled(policy, now);
     }
 

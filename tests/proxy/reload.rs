@@ -434,3 +434,40 @@ async fn large_policies_swap_under_load_without_failures() {
     assert!(total > 0);
     assert_eq!(failures(&proxy).await, 0.0);
 }
+
+/// An area renamed by a reload: the old name's series disappear from `/metrics` at that
+/// reload, the new name's appear, and the stream's series stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_of_names_that_left_the_policy_disappear() {
+    let policy = PolicyDir::seed();
+    let upstream = MockUpstream::start().await;
+    let proxy = spawn_watched(&upstream, policy.path()).await;
+    pin(&proxy, 0.99).await;
+    post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
+    let m = scrape(&proxy).await;
+    assert!(m.contains("area=\"berlin\""), "{m}");
+    std::fs::write(
+        policy.path().join("areas.toml"),
+        BERLIN_AREA.replace("\"berlin\"", "\"berlin-mitte\""),
+    )
+    .unwrap();
+    let req = Request::post(format!("http://{}/reload", proxy.admin_addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(req).await.status, StatusCode::OK);
+    post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
+    let m = scrape(&proxy).await;
+    assert!(
+        !m.contains("area=\"berlin\""),
+        "the old name's series are gone: {m}"
+    );
+    assert!(m.contains("area=\"berlin-mitte\""), "{m}");
+    assert!(m.contains("stream=\"vehicle.position\""));
+    assert_eq!(
+        m.lines()
+            .filter(|l| l.starts_with("shedgate_policy_info{"))
+            .count(),
+        1,
+        "only the live version: {m}"
+    );
+}
