@@ -426,13 +426,20 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
                     e.insert(parsed)
                 }
             };
-            region_cells = geo::tile(regions, a.feature.as_deref()).map_err(|err| {
+            let tiled = geo::tile(regions, a.feature.as_deref()).map_err(|err| {
                 at(
                     &areas_path,
                     field("geojson"),
                     format!("area {:?} from {}: {err}", a.name, path.0),
                 )
             })?;
+            for w in tiled.warnings {
+                warnings.push(Warning {
+                    file: areas_path.clone(),
+                    message: format!("area {:?} from {}: {w}", a.name, path.0),
+                });
+            }
+            region_cells = tiled.cells;
         }
         let id = AreaId(u32::try_from(i).unwrap_or(u32::MAX));
         let mut own: std::collections::HashSet<u64> = std::collections::HashSet::new();

@@ -6,6 +6,17 @@
 //! maps to one of its cells (a centroid-only tiling drops border towns and small islands).
 //! Longitudes are normalised into `[-180, 180]` first: h3o's antimeridian handling works on
 //! GeoJSON-style input (179 → −179) but breaks on 179 → 181 (docs/dependencies.md "h3o").
+//!
+//! Geometry that is not what it says is refused, naming the feature:
+//! - an edge spanning more than 180° of longitude whose ends are not both near the
+//!   antimeridian (h3o reads such an edge as crossing it, the short way, and would tile the
+//!   other side of the globe: `[-120,-10] → [120,-10]` covers the Pacific, not Africa);
+//!   near the antimeridian it is read as a crossing, with a warning (RFC 7946 section 3.1.9
+//!   asks writers to split such polygons);
+//! - a ring that crosses itself (geo's sweep-line segment intersections).
+//!
+//! And a warning when the tiled cells' area is far from the polygons' own (spherical) area,
+//! which no valid reading produces.
 
 use geojson::{GeoJson, GeometryValue};
 use h3o::CellIndex;
@@ -14,7 +25,7 @@ use h3o::geom::{ContainmentMode, TilerBuilder};
 use super::AREA_RESOLUTION;
 
 /// A region that cannot be tiled.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RegionError {
     /// Not GeoJSON.
     #[error("not valid GeoJSON: {0}")]
@@ -36,6 +47,25 @@ pub enum RegionError {
     /// `feature` named no feature of the file.
     #[error("no feature has properties.name = {0:?}")]
     NoFeature(String),
+    /// An edge wider than 180° of longitude away from the antimeridian.
+    #[error(
+        "feature {feature}: the edge [{from_lon}, {lat}] → [{to_lon}, {lat2}] spans more than 180° of longitude; it would be read as crossing the antimeridian and tile the other side of the globe: split the polygon so no edge spans 180° or more (RFC 7946 section 3.1.9)"
+    )]
+    WideEdge {
+        /// The feature (`properties.name`, else its index in the file).
+        feature: String,
+        /// Longitude of the edge's start.
+        from_lon: f64,
+        /// Latitude of the edge's start.
+        lat: f64,
+        /// Longitude of the edge's end.
+        to_lon: f64,
+        /// Latitude of the edge's end.
+        lat2: f64,
+    },
+    /// A ring that crosses itself.
+    #[error("feature {0}: a ring crosses itself, so its inside is not defined")]
+    SelfIntersecting(String),
     /// The region yields no cells at all.
     #[error(
         "the region covers no resolution-4 cell (check the [lon, lat] order and the antimeridian)"
@@ -74,36 +104,55 @@ impl Regions {
     }
 }
 
+/// Cells of a region, and what looked wrong but can be legitimate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tiled {
+    /// Resolution-4 cells, sorted, without duplicates.
+    pub cells: Vec<CellIndex>,
+    /// Warnings, each naming its feature.
+    pub warnings: Vec<String>,
+}
+
 /// Tiles the polygons of a GeoJSON document, optionally only the features whose
 /// `properties.name` equals `feature`. Returns resolution-4 cells, sorted, without duplicates.
 ///
 /// # Errors
 /// [`RegionError`] for unparsable GeoJSON, a non-areal geometry, a position out of range, an
-/// invalid polygon, an unmatched `feature`, or a region that covers nothing.
+/// invalid polygon, an edge wider than 180° away from the antimeridian, a ring that crosses
+/// itself, an unmatched `feature`, or a region that covers nothing.
 pub fn tile_geojson(text: &str, feature: Option<&str>) -> Result<Vec<CellIndex>, RegionError> {
-    tile(&Regions::parse(text)?, feature)
+    tile(&Regions::parse(text)?, feature).map(|t| t.cells)
 }
+
+/// Longitude within which both ends of an edge wider than 180° read as an antimeridian
+/// crossing: 30° of it.
+const NEAR_ANTIMERIDIAN: f64 = 150.0;
 
 /// Tiles parsed regions; see [`tile_geojson`].
 ///
 /// # Errors
 /// As [`tile_geojson`].
-pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Vec<CellIndex>, RegionError> {
-    let mut geometries: Vec<&GeometryValue> = Vec::new();
+pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionError> {
+    let mut geometries: Vec<(String, &GeometryValue)> = Vec::new();
     let mut matched = false;
-    for (name, geometry) in &regions.0 {
+    for (i, (name, geometry)) in regions.0.iter().enumerate() {
         if feature.is_none_or(|want| name.as_deref() == Some(want)) {
             matched = true;
-            geometries.extend(geometry.as_ref());
+            let label = name
+                .as_ref()
+                .map_or_else(|| format!("#{i}"), |n| format!("{n:?}"));
+            geometries.extend(geometry.as_ref().map(|g| (label, g)));
         }
     }
     if let (Some(want), false) = (feature, matched) {
         return Err(RegionError::NoFeature(want.to_owned()));
     }
+    let mut warnings = Vec::new();
     let mut tiler = TilerBuilder::new(AREA_RESOLUTION)
         .containment_mode(ContainmentMode::Covers)
         .build();
-    for value in geometries {
+    let mut own_area_km2 = Some(0.0);
+    for (label, value) in geometries {
         let polygons: Vec<geo_types::Polygon<f64>> = match value {
             GeometryValue::Polygon { .. } => {
                 vec![
@@ -119,7 +168,14 @@ pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Vec<CellIndex>, 
             other => return Err(RegionError::Kind(other.type_name().to_owned())),
         };
         for mut polygon in polygons {
+            check_edges(&polygon, &label, &mut warnings)?;
+            if crosses_itself(&polygon) {
+                return Err(RegionError::SelfIntersecting(label));
+            }
             normalise(&mut polygon)?;
+            own_area_km2 = own_area_km2
+                .zip(spherical_area_km2(&polygon))
+                .map(|(a, b)| a + b);
             tiler
                 .add(polygon)
                 .map_err(|e| RegionError::Invalid(e.to_string()))?;
@@ -131,7 +187,126 @@ pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Vec<CellIndex>, 
     if cells.is_empty() {
         return Err(RegionError::Empty);
     }
-    Ok(cells)
+    let tiled_km2: f64 = cells.iter().map(|c| c.area_km2()).sum();
+    // `Covers` tiling is never smaller than the region; a region many cells large is not many
+    // times smaller than its tiling either.
+    if let Some(own_area_km2) = own_area_km2
+        && (tiled_km2 < own_area_km2 * 0.9
+            || (own_area_km2 > 20.0 * 1770.0 && tiled_km2 > own_area_km2 * 3.0))
+    {
+        warnings.push(format!(
+            "the tiled cells cover {tiled_km2:.0} km² but the polygons enclose {own_area_km2:.0} km²: check the ring order, the [lon, lat] order and the antimeridian"
+        ));
+    }
+    Ok(Tiled { cells, warnings })
+}
+
+/// Refuses an edge wider than 180° of longitude unless both its ends are near the
+/// antimeridian (then it is read as a crossing, with a warning). Longitudes as written.
+fn check_edges(
+    polygon: &geo_types::Polygon<f64>,
+    label: &str,
+    warnings: &mut Vec<String>,
+) -> Result<(), RegionError> {
+    let mut crossing = false;
+    for ring in std::iter::once(polygon.exterior()).chain(polygon.interiors()) {
+        for line in ring.lines() {
+            let (a, b) = (line.start, line.end);
+            if (b.x - a.x).abs() <= 180.0 {
+                continue;
+            }
+            if a.x.abs() >= NEAR_ANTIMERIDIAN && b.x.abs() >= NEAR_ANTIMERIDIAN {
+                crossing = true;
+                continue;
+            }
+            return Err(RegionError::WideEdge {
+                feature: label.to_owned(),
+                from_lon: a.x,
+                lat: a.y,
+                to_lon: b.x,
+                lat2: b.y,
+            });
+        }
+    }
+    if crossing {
+        warnings.push(format!(
+            "feature {label}: an edge crosses the antimeridian and is read so; RFC 7946 section 3.1.9 asks for such polygons to be split at ±180°"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a ring of `polygon` crosses itself: two of its segments cross at a point inside
+/// both (geo's sweep-line `Intersections`). Rings that only touch themselves at a vertex, or
+/// run back along a segment (spikes, common in real outlines such as Natural Earth's
+/// Antarctica), still have a defined inside and are kept.
+fn crosses_itself(polygon: &geo_types::Polygon<f64>) -> bool {
+    use geo::algorithm::sweep::Intersections;
+    use geo::line_intersection::LineIntersection;
+    std::iter::once(polygon.exterior())
+        .chain(polygon.interiors())
+        .any(|ring| {
+            // Unwrapped, a ring across the antimeridian is checked as h3o reads it (a ring
+            // around a pole stays open, and its coast is checked as a line).
+            let ring = unwrapped(ring);
+            Intersections::from_iter(ring.lines().map(Segment)).any(|(_, _, hit)| {
+                matches!(
+                    hit,
+                    LineIntersection::SinglePoint {
+                        is_proper: true,
+                        ..
+                    }
+                )
+            })
+        })
+}
+
+/// A ring segment, for [`crosses_itself`].
+#[derive(Debug, Clone, Copy)]
+struct Segment(geo_types::Line<f64>);
+
+impl geo::algorithm::sweep::Cross for Segment {
+    type Scalar = f64;
+
+    fn line(&self) -> geo_types::Line<f64> {
+        self.0
+    }
+}
+
+/// The polygon's area on a sphere, km² (Chamberlain and Duquette, "Some algorithms for
+/// polygons on a sphere", JPL 2007, via geo).
+/// Longitudes are unwrapped first (each step taken the short way, as h3o reads an edge), so
+/// a ring across the antimeridian is measured as the region h3o tiles; `None` for a ring
+/// around a pole.
+fn spherical_area_km2(polygon: &geo_types::Polygon<f64>) -> Option<f64> {
+    use geo::ChamberlainDuquetteArea;
+    let exterior = unwrapped(polygon.exterior());
+    // A ring around a pole does not close once unwrapped: its area is not the ring's.
+    if exterior.0.first() != exterior.0.last() {
+        return None;
+    }
+    let unwrapped = geo_types::Polygon::new(
+        exterior,
+        polygon.interiors().iter().map(unwrapped).collect(),
+    );
+    Some(unwrapped.chamberlain_duquette_unsigned_area() / 1e6)
+}
+
+/// `ring` with each longitude step taken the short way (at most 180°), as h3o reads an edge.
+fn unwrapped(ring: &geo_types::LineString<f64>) -> geo_types::LineString<f64> {
+    let mut out = ring.clone();
+    for i in 1..out.0.len() {
+        let prev = out.0[i - 1].x;
+        let mut x = out.0[i].x;
+        while x - prev > 180.0 {
+            x -= 360.0;
+        }
+        while prev - x > 180.0 {
+            x += 360.0;
+        }
+        out.0[i].x = x;
+    }
+    out
 }
 
 /// Checks latitudes and brings longitudes into `[-180, 180]`.
@@ -193,6 +368,44 @@ mod tests {
         let plain = r#"{"type":"Polygon","coordinates":[[[10.0,-17.0],[12.0,-17.0],[12.0,-16.0],[10.0,-16.0],[10.0,-17.0]]]}"#;
         let n = tile_geojson(plain, None).unwrap().len();
         assert!(cells.len() * 10 >= n * 8, "{} vs {n}", cells.len());
+    }
+
+    #[test]
+    fn geometry_that_is_not_what_it_says_is_refused_or_warned_about() {
+        let poly = |ring: &str| {
+            format!(
+                r#"{{"type":"Feature","properties":{{"name":"band"}},"geometry":{{"type":"Polygon","coordinates":[{ring}]}}}}"#
+            )
+        };
+        // The issue's ring: a 240° band across Greenwich, which h3o would read as the Pacific.
+        let wide = poly("[[-120,-10],[120,-10],[120,10],[-120,10],[-120,-10]]");
+        let e = tile(&Regions::parse(&wide).unwrap(), None).unwrap_err();
+        assert!(
+            matches!(&e, RegionError::WideEdge { feature, .. } if feature == "\"band\""),
+            "{e}"
+        );
+        assert!(e.to_string().contains("RFC 7946"), "{e}");
+        // Written across the antimeridian GeoJSON-style: read as a crossing, with a warning.
+        let fiji = poly("[[179,-17],[-179,-17],[-179,-16],[179,-16],[179,-17]]");
+        let t = tile(&Regions::parse(&fiji).unwrap(), None).unwrap();
+        assert!(t.cells.contains(&cell(-16.5, 179.5)) && t.cells.contains(&cell(-16.5, -179.5)));
+        assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+        assert!(t.warnings[0].contains("antimeridian"), "{:?}", t.warnings);
+        assert!(
+            t.cells.len() < 100,
+            "not the whole globe: {}",
+            t.cells.len()
+        );
+        // A bow tie crosses itself.
+        let bowtie = poly("[[10,10],[12,12],[12,10],[10,12],[10,10]]");
+        assert!(matches!(
+            tile(&Regions::parse(&bowtie).unwrap(), None),
+            Err(RegionError::SelfIntersecting(f)) if f == "\"band\""
+        ));
+        // A plain box: no warning.
+        let plain = poly("[[10,10],[12,10],[12,12],[10,12],[10,10]]");
+        let t = tile(&Regions::parse(&plain).unwrap(), None).unwrap();
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
     }
 
     #[test]

@@ -162,3 +162,29 @@ fn region_errors_are_refused_with_the_area_named() {
         assert!(e.contains("areas.toml"), "{e}");
     }
 }
+
+/// Geometry that is not what it says: the issue's ring (an edge wider than 180°, which h3o
+/// would read as crossing the antimeridian and tile the Pacific) and a bow tie are refused by
+/// `check` with the file, the area's field, the feature and the reason; nothing is tiled.
+#[test]
+fn geometry_that_is_not_what_it_says_is_refused() {
+    for (ring, expect) in [
+        (
+            "[[-120,-10],[120,-10],[120,10],[-120,10],[-120,-10]]",
+            "spans more than 180° of longitude",
+        ),
+        ("[[10,10],[12,12],[12,10],[10,12],[10,10]]", "crosses itself"),
+    ] {
+        let doc = format!(
+            r#"{{"type":"FeatureCollection","features":[{{"type":"Feature","properties":{{"name":"band"}},"geometry":{{"type":"Polygon","coordinates":[{ring}]}}}}]}}"#
+        );
+        let dir = country_policy(
+            "[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"areas/band.geojson\"\n",
+        );
+        std::fs::write(dir.path().join("areas/band.geojson"), doc).unwrap();
+        let e = policy::load_dir(dir.path()).unwrap_err().to_string();
+        for part in ["areas.toml", "areas[0].geojson", "feature \"band\"", expect] {
+            assert!(e.contains(part), "{part:?} missing: {e}");
+        }
+    }
+}
