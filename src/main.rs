@@ -132,12 +132,15 @@ fn check(dir: &std::path::Path) -> ExitCode {
             }
             let p = &compiled.policy;
             println!(
-                "{}: valid policy {}: {} streams, {} areas over {} cells, {} warning(s)",
+                "{}: valid policy {}: {} streams, {} areas over {} cells, {} region positions \
+                 (limit {}), {} warning(s)",
                 dir.display(),
                 p.version(),
                 p.streams().len(),
                 p.areas().len(),
                 p.cell_count(),
+                compiled.region_positions,
+                shedgate::policy::MAX_REGION_POSITIONS,
                 compiled.warnings.len()
             );
             ExitCode::SUCCESS

@@ -18,7 +18,21 @@ pub struct Compiled {
     pub policy: Policy,
     /// Risky content, in file order.
     pub warnings: Vec<Warning>,
+    /// Positions in the region files read, counted once per file (at most
+    /// [`MAX_REGION_POSITIONS`]).
+    pub region_positions: usize,
 }
+
+/// Largest region file, bytes (16 MiB): refused before it is parsed.
+pub const MAX_REGION_FILE_BYTES: usize = 16 << 20;
+
+/// Most positions all the region files of a policy may hold together (500,000). Compiling
+/// costs about 180 bytes and 6 µs per position at its peak (measured on the 2-core build
+/// machine: a 500,000-position outline peaks at 100 MiB and takes 3.1 s in `shedgate check`,
+/// release build; 1.2 million took 263 MiB and 8.1 s), so a policy at the limit compiles
+/// beside a running proxy within the 256 Mi of our own Kubernetes manifest. A policy over it
+/// is refused, and a live proxy keeps its last good policy.
+pub const MAX_REGION_POSITIONS: usize = 500_000;
 
 /// The raw contents of a policy directory: the two TOML files and every region file
 /// `areas.toml` refers to. Its [`PolicyFiles::version`] is the policy's version, so a reload
@@ -349,6 +363,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
 
     let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
     let mut parsed_regions: HashMap<String, geo::Regions> = HashMap::new();
+    let mut region_positions = 0usize;
     let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
     let mut cells: HashMap<u64, AreaId> = HashMap::new();
     for (i, a) in af.areas.into_iter().enumerate() {
@@ -420,9 +435,34 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             let regions = match parsed_regions.entry(path.0.clone()) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
+                    if text.len() > MAX_REGION_FILE_BYTES {
+                        return Err(at(
+                            &areas_path,
+                            field("geojson"),
+                            format!(
+                                "{}: {} bytes, over the limit of {MAX_REGION_FILE_BYTES} bytes \
+                                 (16 MiB) for one region file: simplify the outline",
+                                path.0,
+                                text.len()
+                            ),
+                        ));
+                    }
                     let parsed = geo::Regions::parse(text).map_err(|err| {
                         at(&areas_path, field("geojson"), format!("{}: {err}", path.0))
                     })?;
+                    region_positions += parsed.positions();
+                    if region_positions > MAX_REGION_POSITIONS {
+                        return Err(at(
+                            &areas_path,
+                            field("geojson"),
+                            format!(
+                                "{}: the region files hold {region_positions} positions so far, \
+                                 over the limit of {MAX_REGION_POSITIONS} per policy (compiling \
+                                 costs about 180 bytes per position): simplify the outlines",
+                                path.0
+                            ),
+                        ));
+                    }
                     e.insert(parsed)
                 }
             };
@@ -537,6 +577,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             retry_after,
         },
         warnings,
+        region_positions,
     })
 }
 

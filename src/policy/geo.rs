@@ -18,11 +18,11 @@
 //! And a warning when the tiled cells' area is far from the polygons' own (spherical) area,
 //! which no valid reading produces.
 
-use geojson::{GeoJson, GeometryValue};
 use h3o::CellIndex;
 use h3o::geom::{ContainmentMode, TilerBuilder};
 
 use super::AREA_RESOLUTION;
+use super::region_file::{self, Geometry, Region};
 
 /// A region that cannot be tiled.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -74,33 +74,32 @@ pub enum RegionError {
 }
 
 /// The regions of one GeoJSON document: `(properties.name, geometry)` per feature (a bare
-/// geometry has no name).
+/// geometry has no name), read lean (see `region_file.rs`).
 #[derive(Debug, Clone)]
-pub struct Regions(Vec<(Option<String>, Option<GeometryValue>)>);
+pub struct Regions(Vec<Region>);
 
 impl Regions {
     /// Parses a GeoJSON document.
     ///
     /// # Errors
-    /// [`RegionError::Parse`] when it is not GeoJSON.
+    /// [`RegionError::Parse`] when it is not GeoJSON of the forms areas read.
     pub fn parse(text: &str) -> Result<Self, RegionError> {
-        let doc: GeoJson = text
-            .parse()
-            .map_err(|e: geojson::Error| RegionError::Parse(e.to_string()))?;
-        let name_of = |f: &geojson::Feature| -> Option<String> {
-            f.property("name")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-        };
-        Ok(Regions(match doc {
-            GeoJson::Geometry(g) => vec![(None, Some(g.value))],
-            GeoJson::Feature(f) => vec![(name_of(&f), f.geometry.map(|g| g.value))],
-            GeoJson::FeatureCollection(fc) => fc
-                .features
-                .into_iter()
-                .map(|f| (name_of(&f), f.geometry.map(|g| g.value)))
-                .collect(),
-        }))
+        region_file::parse(text)
+            .map(Regions)
+            .map_err(RegionError::Parse)
+    }
+
+    /// Positions in all the regions' rings.
+    pub fn positions(&self) -> usize {
+        self.0
+            .iter()
+            .filter_map(|r| match &r.geometry {
+                Some(Geometry::Polygons(ps)) => Some(ps),
+                _ => None,
+            })
+            .flatten()
+            .map(|p| p.exterior().0.len() + p.interiors().iter().map(|r| r.0.len()).sum::<usize>())
+            .sum()
     }
 }
 
@@ -133,15 +132,16 @@ const NEAR_ANTIMERIDIAN: f64 = 150.0;
 /// # Errors
 /// As [`tile_geojson`].
 pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionError> {
-    let mut geometries: Vec<(String, &GeometryValue)> = Vec::new();
+    let mut geometries: Vec<(String, &Geometry)> = Vec::new();
     let mut matched = false;
-    for (i, (name, geometry)) in regions.0.iter().enumerate() {
-        if feature.is_none_or(|want| name.as_deref() == Some(want)) {
+    for (i, region) in regions.0.iter().enumerate() {
+        if feature.is_none_or(|want| region.name.as_deref() == Some(want)) {
             matched = true;
-            let label = name
+            let label = region
+                .name
                 .as_ref()
                 .map_or_else(|| format!("#{i}"), |n| format!("{n:?}"));
-            geometries.extend(geometry.as_ref().map(|g| (label, g)));
+            geometries.extend(region.geometry.as_ref().map(|g| (label, g)));
         }
     }
     if let (Some(want), false) = (feature, matched) {
@@ -153,21 +153,12 @@ pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionErr
         .build();
     let mut own_area_km2 = Some(0.0);
     for (label, value) in geometries {
-        let polygons: Vec<geo_types::Polygon<f64>> = match value {
-            GeometryValue::Polygon { .. } => {
-                vec![
-                    geo_types::Polygon::try_from(value)
-                        .map_err(|e| RegionError::Invalid(e.to_string()))?,
-                ]
-            }
-            GeometryValue::MultiPolygon { .. } => {
-                geo_types::MultiPolygon::try_from(value)
-                    .map_err(|e| RegionError::Invalid(e.to_string()))?
-                    .0
-            }
-            other => return Err(RegionError::Kind(other.type_name().to_owned())),
+        let polygons = match value {
+            Geometry::Polygons(polygons) => polygons,
+            Geometry::Other(kind) => return Err(RegionError::Kind(kind.clone())),
         };
-        for mut polygon in polygons {
+        for polygon in polygons {
+            let mut polygon = polygon.clone();
             check_edges(&polygon, &label, &mut warnings)?;
             if crosses_itself(&polygon) {
                 return Err(RegionError::SelfIntersecting(label));

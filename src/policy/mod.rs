@@ -9,6 +9,7 @@ mod error;
 pub mod file;
 pub mod geo;
 mod opaque;
+mod region_file;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -19,7 +20,9 @@ use std::time::Duration;
 use h3o::{CellIndex, LatLng, Resolution};
 use serde::{Deserialize, Serialize};
 
-pub use compile::{Compiled, PolicyFiles, compile, load_dir};
+pub use compile::{
+    Compiled, MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS, PolicyFiles, compile, load_dir,
+};
 pub use curve::{Curve, Rank};
 pub use error::{Location, PolicyError, Warning};
 

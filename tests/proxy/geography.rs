@@ -173,18 +173,59 @@ fn geometry_that_is_not_what_it_says_is_refused() {
             "[[-120,-10],[120,-10],[120,10],[-120,10],[-120,-10]]",
             "spans more than 180° of longitude",
         ),
-        ("[[10,10],[12,12],[12,10],[10,12],[10,10]]", "crosses itself"),
+        (
+            "[[10,10],[12,12],[12,10],[10,12],[10,10]]",
+            "crosses itself",
+        ),
     ] {
         let doc = format!(
             r#"{{"type":"FeatureCollection","features":[{{"type":"Feature","properties":{{"name":"band"}},"geometry":{{"type":"Polygon","coordinates":[{ring}]}}}}]}}"#
         );
-        let dir = country_policy(
-            "[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"areas/band.geojson\"\n",
-        );
+        let dir =
+            country_policy("[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"areas/band.geojson\"\n");
         std::fs::write(dir.path().join("areas/band.geojson"), doc).unwrap();
         let e = policy::load_dir(dir.path()).unwrap_err().to_string();
         for part in ["areas.toml", "areas[0].geojson", "feature \"band\"", expect] {
             assert!(e.contains(part), "{part:?} missing: {e}");
         }
     }
+}
+
+/// Compiling is bounded: a region file over 16 MiB is refused before it is parsed, and
+/// region files holding more than 500,000 positions together are refused before they are
+/// tiled, with file and field. (A live proxy keeps its last good policy on any refusal:
+/// `reload.rs`.)
+#[test]
+fn oversized_regions_are_refused_before_they_cost_memory() {
+    let areas = "[[areas]]\nname = \"x\"\nrank = 5\ngeojson = \"areas/big.geojson\"\n";
+    let dir = country_policy(areas);
+    let padded = format!(
+        r#"{{"type":"Polygon","coordinates":[[[0,0],[1,0],[1,1],[0,0]]]{}}}"#,
+        " ".repeat(policy::MAX_REGION_FILE_BYTES)
+    );
+    std::fs::write(dir.path().join("areas/big.geojson"), padded).unwrap();
+    let e = policy::load_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("areas[0].geojson") && e.contains("16 MiB"),
+        "{e}"
+    );
+    // A ring of 500,001 positions (an 11 MB file).
+    let n = u32::try_from(policy::MAX_REGION_POSITIONS).unwrap();
+    let mut ring: Vec<String> = (0..n)
+        .map(|i| {
+            let a = std::f64::consts::TAU * f64::from(i) / f64::from(n);
+            format!("[{:.6},{:.6}]", 10.0 + 4.0 * a.cos(), 51.0 + 3.0 * a.sin())
+        })
+        .collect();
+    ring.push(ring[0].clone());
+    let doc = format!(
+        r#"{{"type":"Polygon","coordinates":[[{}]]}}"#,
+        ring.join(",")
+    );
+    std::fs::write(dir.path().join("areas/big.geojson"), doc).unwrap();
+    let e = policy::load_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("areas[0].geojson") && e.contains("500000"),
+        "{e}"
+    );
 }

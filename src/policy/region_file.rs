@@ -1,0 +1,268 @@
+//! Reading a GeoJSON region file (RFC 7946) lean: straight into `geo_types` polygons, one
+//! 16-byte coordinate per position, without a document tree.
+//!
+//! The `geojson` crate parses a document into a `serde_json::Value` tree first and then into
+//! `Vec<f64>` positions (a heap allocation each): a 25 MB outline of 1.2 million positions
+//! peaked at 282 MiB and took 8.8 s in `shedgate check` (release build, 2-core machine),
+//! over the 256 Mi memory limit of our own Kubernetes manifest, and every replica reloads the
+//! same file at once. Read here, the same file peaks at the figure README states ("Policy
+//! files", limits). Only what areas need is read: `type`, `features`, `geometry`,
+//! `properties.name` and `coordinates`; every other member is skipped unparsed.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
+/// One region of a file: its `properties.name` (a bare geometry has none) and its polygons,
+/// or the type of a geometry that is no area.
+#[derive(Debug, Clone)]
+pub(super) struct Region {
+    pub(super) name: Option<String>,
+    pub(super) geometry: Option<Geometry>,
+}
+
+/// A region's geometry.
+#[derive(Debug, Clone)]
+pub(super) enum Geometry {
+    /// Polygons (a Polygon is one).
+    Polygons(Vec<geo_types::Polygon<f64>>),
+    /// Another geometry type, by name: not an area.
+    Other(String),
+}
+
+/// A GeoJSON object as far as areas read it. Members are optional so that their order in the
+/// file does not matter (`coordinates` may come before `type`).
+#[derive(Deserialize)]
+struct Object {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    features: Option<Vec<Object>>,
+    #[serde(default)]
+    geometry: Option<Box<Object>>,
+    #[serde(default)]
+    coordinates: Option<Nested>,
+    #[serde(default)]
+    properties: Option<Properties>,
+}
+
+#[derive(Deserialize)]
+struct Properties {
+    #[serde(default)]
+    name: Option<serde_json::Value>,
+}
+
+/// Nested coordinate arrays of any depth: a position (`[lon, lat]`, further numbers such as
+/// altitude ignored), or a list.
+enum Nested {
+    Position(geo_types::Coord<f64>),
+    List(Vec<Nested>),
+}
+
+/// An element of a coordinate array: a number (of a position) or a deeper array.
+enum Item {
+    Number(f64),
+    Nested(Nested),
+}
+
+impl<'de> Deserialize<'de> for Nested {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Item::deserialize(deserializer)? {
+            Item::Nested(n) => Ok(n),
+            Item::Number(_) => Err(de::Error::custom("coordinates must be an array")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ItemVisitor)
+    }
+}
+
+struct ItemVisitor;
+
+impl<'de> Visitor<'de> for ItemVisitor {
+    type Value = Item;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number or an array of coordinates")
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Item, E> {
+        Ok(Item::Number(v))
+    }
+
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a coordinate written as an integer beyond 2^53 is out of range anyway"
+    )]
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Item, E> {
+        Ok(Item::Number(v as f64))
+    }
+
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a coordinate written as an integer beyond 2^53 is out of range anyway"
+    )]
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Item, E> {
+        Ok(Item::Number(v as f64))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+        let Some(first) = seq.next_element::<Item>()? else {
+            return Ok(Item::Nested(Nested::List(Vec::new())));
+        };
+        match first {
+            Item::Number(x) => {
+                let Some(Item::Number(y)) = seq.next_element::<Item>()? else {
+                    return Err(de::Error::custom(
+                        "a position needs at least two numbers, [lon, lat]",
+                    ));
+                };
+                // Altitude and beyond: read and dropped.
+                while let Some(item) = seq.next_element::<Item>()? {
+                    if !matches!(item, Item::Number(_)) {
+                        return Err(de::Error::custom("a position holds only numbers"));
+                    }
+                }
+                Ok(Item::Nested(Nested::Position(geo_types::Coord { x, y })))
+            }
+            Item::Nested(n) => {
+                let mut list = vec![n];
+                while let Some(item) = seq.next_element::<Item>()? {
+                    match item {
+                        Item::Nested(n) => list.push(n),
+                        Item::Number(_) => {
+                            return Err(de::Error::custom("an array mixes positions and numbers"));
+                        }
+                    }
+                }
+                Ok(Item::Nested(Nested::List(list)))
+            }
+        }
+    }
+}
+
+/// Reads a region file: a Geometry, a Feature or a FeatureCollection.
+///
+/// # Errors
+/// A message with serde_json's line and column for text that is not such a GeoJSON object,
+/// or coordinates of the wrong depth for their type.
+pub(super) fn parse(text: &str) -> Result<Vec<Region>, String> {
+    let root: Object = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    match root.kind.as_str() {
+        "FeatureCollection" => root
+            .features
+            .ok_or("a FeatureCollection needs `features`")?
+            .into_iter()
+            .map(feature)
+            .collect(),
+        "Feature" => Ok(vec![feature(root)?]),
+        _ => Ok(vec![Region {
+            name: None,
+            geometry: Some(geometry(root)?),
+        }]),
+    }
+}
+
+fn feature(object: Object) -> Result<Region, String> {
+    if object.kind != "Feature" {
+        return Err(format!(
+            "a FeatureCollection holds Features, not {:?}",
+            object.kind
+        ));
+    }
+    let name = object
+        .properties
+        .and_then(|p| p.name)
+        .and_then(|n| n.as_str().map(str::to_owned));
+    let geometry = object.geometry.map(|g| geometry(*g)).transpose()?;
+    Ok(Region { name, geometry })
+}
+
+fn geometry(object: Object) -> Result<Geometry, String> {
+    let coordinates = || {
+        object
+            .coordinates
+            .as_ref()
+            .ok_or_else(|| format!("a {} needs `coordinates`", object.kind))
+    };
+    match object.kind.as_str() {
+        "Polygon" => Ok(Geometry::Polygons(vec![polygon(coordinates()?)?])),
+        "MultiPolygon" => match coordinates()? {
+            Nested::List(polygons) => Ok(Geometry::Polygons(
+                polygons.iter().map(polygon).collect::<Result<_, _>>()?,
+            )),
+            Nested::Position(_) => Err("MultiPolygon coordinates are a list of polygons".into()),
+        },
+        "Point" | "MultiPoint" | "LineString" | "MultiLineString" | "GeometryCollection" => {
+            Ok(Geometry::Other(object.kind))
+        }
+        other => Err(format!("{other:?} is not a GeoJSON geometry type")),
+    }
+}
+
+/// A polygon from its rings (the first is the exterior).
+fn polygon(rings: &Nested) -> Result<geo_types::Polygon<f64>, String> {
+    let Nested::List(rings) = rings else {
+        return Err("Polygon coordinates are a list of rings".into());
+    };
+    let mut rings = rings.iter().map(|ring| match ring {
+        Nested::List(positions) => positions
+            .iter()
+            .map(|p| match p {
+                Nested::Position(c) => Ok(*c),
+                Nested::List(_) => Err("a ring is a list of positions".to_owned()),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(geo_types::LineString::new),
+        Nested::Position(_) => Err("a ring is a list of positions".to_owned()),
+    });
+    let exterior = rings.next().ok_or("a Polygon needs an exterior ring")??;
+    let interiors = rings.collect::<Result<Vec<_>, _>>()?;
+    Ok(geo_types::Polygon::new(exterior, interiors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_in_every_form() {
+        let fc = r#"{"features":[{"geometry":{"coordinates":[[[1,2,30],[3,4],[5,6],[1,2]]],"type":"Polygon"},"type":"Feature","properties":{"name":"a","pop":1}},
+            {"type":"Feature","properties":null,"geometry":null},
+            {"type":"Feature","properties":{"name":"m"},"geometry":{"type":"MultiPolygon","coordinates":[[[[0,0],[1,0],[1,1],[0,0]]],[[[5,5],[6,5],[6,6],[5,5]]]]}}],
+            "type":"FeatureCollection","bbox":[0,0,1,1]}"#;
+        let regions = parse(fc).unwrap();
+        assert_eq!(regions.len(), 3);
+        assert_eq!(regions[0].name.as_deref(), Some("a"));
+        let Some(Geometry::Polygons(p)) = &regions[0].geometry else {
+            panic!()
+        };
+        assert_eq!(p[0].exterior().0[0], geo_types::Coord { x: 1.0, y: 2.0 });
+        assert!(regions[1].geometry.is_none());
+        let Some(Geometry::Polygons(m)) = &regions[2].geometry else {
+            panic!()
+        };
+        assert_eq!(m.len(), 2);
+        let bare = parse(r#"{"type":"Point","coordinates":[1,2]}"#).unwrap();
+        assert!(matches!(&bare[0].geometry, Some(Geometry::Other(k)) if k == "Point"));
+    }
+
+    #[test]
+    fn errors_say_where() {
+        for bad in [
+            "{",
+            r#"{"type":"Polygon"}"#,
+            r#"{"type":"Polygon","coordinates":[[[1],[2,3]]]}"#,
+            r#"{"type":"Polygon","coordinates":[[1,2]]}"#,
+            r#"{"type":"Circle","coordinates":[]}"#,
+            r#"{"type":"FeatureCollection","features":[{"type":"Polygon","coordinates":[]}]}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        assert!(parse("{\n\"type\": 5}").unwrap_err().contains("line 2"));
+    }
+}
