@@ -28,7 +28,7 @@ pub const MAX_REGION_FILE_BYTES: usize = 16 << 20;
 
 /// Most positions all the region files of a policy may hold together (500,000). Compiling
 /// costs about 180 bytes and 6 µs per position at its peak (measured on the 2-core build
-/// machine: a 500,000-position outline peaks at 100 MiB and takes 3.1 s in `shedgate check`,
+/// machine: a 500,000-position outline peaks at 100 MiB and takes 2.8 s in `shedgate check`,
 /// release build; 1.2 million took 263 MiB and 8.1 s), so a policy at the limit compiles
 /// beside a running proxy within the 256 Mi of our own Kubernetes manifest. A policy over it
 /// is refused, and a live proxy keeps its last good policy.
