@@ -9,6 +9,7 @@ mod error;
 pub mod file;
 pub mod geo;
 mod opaque;
+pub mod path;
 mod region_file;
 mod routes;
 #[cfg(test)]
@@ -381,7 +382,7 @@ impl Policy {
 
     /// Index (into [`Policy::routes`]) of the route of a request path: the longest prefix
     /// that matches at a segment boundary. The proxy passes the normalised path
-    /// (`crate::edge::target::route_path`).
+    /// ([`path::route_path`]).
     pub fn route_index(&self, path: &str) -> Option<usize> {
         self.routes
             .iter()

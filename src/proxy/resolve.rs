@@ -4,8 +4,8 @@
 use http::{HeaderName, Request};
 
 use crate::admission::Reading;
-use crate::edge::target::route_path;
 use crate::extract::headers::{HeaderRead, read_one};
+use crate::policy::path::route_path;
 use crate::policy::{Policy, StreamId, StreamSource};
 
 /// Longest stream value read from a header, bytes: policy stream names are at most 64
