@@ -319,6 +319,16 @@ impl Config {
         if max_header_line < 64 {
             return Err(invalid("max-header-line", "must be at least 64 bytes"));
         }
+        if max_head > crate::edge::framing::MAX_HEAD {
+            return Err(invalid(
+                "max-head",
+                format!(
+                    "{max_head} is over {}: the framing guard, which checks every head for \
+                     smuggling, follows heads up to that size",
+                    crate::edge::framing::MAX_HEAD
+                ),
+            ));
+        }
         if max_head < max_header_line {
             return Err(invalid(
                 "max-head",
@@ -406,6 +416,17 @@ mod tests {
         let mut a = args("http://127.0.0.1:3000");
         a.max_inflight = Some(0);
         assert!(Config::from_args(a).is_err());
+        // Head limits: the head may not exceed what the smuggling guard follows, nor be below
+        // one line.
+        for (line, head) in [(8192, 128 * 1024), (8192, 4096), (16, 32768)] {
+            let mut a = args("http://127.0.0.1:3000");
+            a.max_header_line = Some(line);
+            a.max_head = Some(head);
+            assert!(Config::from_args(a).is_err(), "{line} {head}");
+        }
+        let c = Config::from_args(args("http://127.0.0.1:3000")).unwrap();
+        assert_eq!((c.max_header_line, c.max_head), (8192, 32768));
+        assert!(c.trusted_proxies.is_empty());
     }
 
     #[test]

@@ -319,15 +319,25 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Forwarding headers a client could use to claim an address, host or scheme it does not
-/// have: kept (and extended) only from trusted peers.
-const FORWARDING: [&str; 6] = [
+/// Forwarding headers a client could use to claim an address, host, path or scheme it does
+/// not have (the de facto set frameworks read: Rack's `X-Forwarded-Ssl` and
+/// `X-Forwarded-Scheme`, IIS's `Front-End-Https`, CDNs' `True-Client-IP`): kept (and
+/// extended) only from trusted peers.
+const FORWARDING: [&str; 14] = [
+    "forwarded",
     "x-forwarded-for",
     "x-forwarded-proto",
     "x-forwarded-host",
     "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-url-scheme",
+    "front-end-https",
     "x-real-ip",
-    "forwarded",
+    "x-client-ip",
+    "true-client-ip",
 ];
 
 /// Sets the forwarding headers for a request from `client`.
@@ -433,5 +443,12 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
         assert!(!h.contains_key("x-forwarded-host"));
+        let mut h = HeaderMap::new();
+        for name in FORWARDING {
+            h.insert(name, HeaderValue::from_static("https"));
+        }
+        add_forwarding_headers(&mut h, "10.1.2.3".parse().unwrap(), false);
+        let left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left.len(), 3, "only this hop's: {left:?}");
     }
 }

@@ -61,7 +61,8 @@ pub fn assess(
     let (extractor, time_header) = match (mode, stream) {
         (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
         (None, Some(id)) => {
-            let content_type = headers.get(CONTENT_TYPE);
+            // An ambiguous `Content-Type` never gets here (the stream is unknown then).
+            let content_type = read_one(headers, CONTENT_TYPE).value();
             let m = policy
                 .stream_policy(id)
                 .read_mode(content_type.map(http::HeaderValue::as_bytes));

@@ -22,9 +22,10 @@ use std::task::{Context, Poll};
 
 use hyper::rt::{Read, ReadBufCursor, Write};
 
-/// Largest request head the tracker buffers (hyper's default buffer limit is larger; past
-/// this the tracker stops following the connection).
-const MAX_HEAD: usize = 64 * 1024;
+/// Largest request head the tracker buffers, bytes; past this it stops following the
+/// connection. `--max-head` may not exceed it, so hyper refuses (431) every head the tracker
+/// could not follow.
+pub const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines the tracker parses.
 const MAX_HEADERS: usize = 128;
 

@@ -368,8 +368,8 @@ impl Rejection {
     }
 }
 
-/// Methods the proxy forwards, for `Allow`: every method but `CONNECT` (and `OPTIONS *`,
-/// answered here).
+/// Methods the proxy forwards, for `Allow`: the standard ones but `CONNECT` and `TRACE` (and
+/// `OPTIONS *`, answered here).
 pub const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 
 /// The proxy's own answer to `OPTIONS *` (RFC 9110 section 9.3.7): 200, `Allow`, no body.

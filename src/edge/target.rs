@@ -17,19 +17,23 @@ pub enum Local {
 }
 
 /// Requests the proxy must never forward, answered here:
-/// - `CONNECT` (a tunnel to any host the proxy can reach): 405 with `Allow` and
-///   `Connection: close`, since the client may follow with tunnel bytes;
+/// - `CONNECT` (a tunnel to any host the proxy can reach) and `TRACE` (which echoes the
+///   request, credentials included, back to whoever sent it): 405 with `Allow` and
+///   `Connection: close`, since a `CONNECT` client may follow with tunnel bytes;
 /// - `OPTIONS *`: answered locally;
-/// - an absolute-form target (RFC 9112 section 3.2.2) whose scheme is not `http` or `https`:
-///   400.
+/// - an absolute-form target (RFC 9112 section 3.2.2) whose scheme is not `http` or `https`,
+///   or whose authority carries userinfo (`http://user@host/`): 400;
+/// - a path with an encoded `/` or `\` (`%2F`, `%5C`): 400, since readers disagree on
+///   whether it separates segments (`/ingest/overland/..%2Ffleet` is Overland to one and
+///   `/fleet` to another).
 ///
 /// An absolute-form target with an `http` or `https` scheme is kept, and its authority
 /// replaces `Host` (RFC 9112 section 3.2.2: a server ignores `Host` then), so the upstream
 /// routes on what the request line says.
 pub fn local_answer<B>(req: &mut Request<B>) -> Option<Local> {
-    if req.method() == Method::CONNECT {
+    if req.method() == Method::CONNECT || req.method() == Method::TRACE {
         return Some(Local::Reject(Box::new(Rejection::MethodNotAllowed(
-            Method::CONNECT,
+            req.method().clone(),
         ))));
     }
     if req.method() == Method::OPTIONS && req.uri() == "*" {
@@ -42,12 +46,28 @@ pub fn local_answer<B>(req: &mut Request<B>) -> Option<Local> {
                 "request target scheme {scheme:?} is not http or https"
             )))));
         }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Some(Local::Reject(Box::new(Rejection::BadRequest(
+                "request target carries userinfo".to_owned(),
+            ))));
+        }
         if let Some(v) = uri
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         {
             req.headers_mut().insert(HOST, v);
         }
+    }
+    let path = req.uri().path().as_bytes();
+    let encoded_separator = path.windows(3).any(|w| {
+        w[0] == b'%'
+            && (w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f')
+                || w[1] == b'5' && w[2].eq_ignore_ascii_case(&b'c'))
+    });
+    if encoded_separator {
+        return Some(Local::Reject(Box::new(Rejection::BadRequest(
+            "the path encodes a / or \\ (%2F, %5C): readers disagree on its segments".to_owned(),
+        ))));
     }
     None
 }

@@ -73,6 +73,17 @@ pub(super) fn compile_routes(
                 format!("prefix {:?} must start with '/'", r.prefix),
             ));
         }
+        if super::path::route_path(&r.prefix) != r.prefix.as_str() {
+            return Err(err(
+                "prefix",
+                format!(
+                    "prefix {:?} is not a normalised path (requests are matched on {:?}: no \
+                     dot segments, repeated slashes or encoded unreserved characters)",
+                    r.prefix,
+                    super::path::route_path(&r.prefix)
+                ),
+            ));
+        }
         if routes.iter().any(|o| o.prefix == r.prefix) {
             return Err(err(
                 "prefix",

@@ -313,3 +313,19 @@ fn stream_names_are_label_safe() {
         .is_ok()
     );
 }
+
+/// Route prefixes are normalised paths, as requests are matched: one that is not could never
+/// match, so it is refused.
+#[test]
+fn route_prefixes_are_normalised_paths() {
+    for prefix in ["/a//b", "/a/./b", "/~%7Euser", "/a/../b"] {
+        let text = format!("{STREAMS}\n[[routes]]\nprefix = \"{prefix}\"\n");
+        let e = compile_str(&text, "").unwrap_err();
+        assert_eq!(
+            e.location.field.as_deref(),
+            Some("routes[0].prefix"),
+            "{prefix}: {e}"
+        );
+    }
+    assert!(compile_str(&format!("{STREAMS}\n[[routes]]\nprefix = \"/a/b/\"\n"), "").is_ok());
+}

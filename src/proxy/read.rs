@@ -102,7 +102,7 @@ where
     }
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
-    if facts.ambiguous || read_as.ambiguous {
+    if facts.ambiguous {
         m.unreadable(stream, route, Fact::Ambiguous);
     }
     if sheddable {

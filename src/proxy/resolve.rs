@@ -8,8 +8,9 @@ use crate::extract::headers::{HeaderRead, read_one};
 use crate::policy::path::route_path;
 use crate::policy::{Policy, StreamId, StreamSource};
 
-/// Longest stream value read from a header, bytes: policy stream names are at most 64
-/// characters, so a longer value is unclassified without being hashed.
+/// Longest stream value read from a header, bytes: a longer value is unclassified without
+/// being hashed or mapped (policy stream names are at most 64 characters; a `stream_map`
+/// key may be longer, but no sender's event type is).
 const MAX_STREAM_LEN: usize = 128;
 
 /// The route and content mode matching `req`, and its stream when known before the body:

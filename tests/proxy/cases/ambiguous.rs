@@ -48,12 +48,25 @@ async fn case_duplicate_stream_header() {
 #[tokio::test]
 async fn case_duplicate_time_key() {
     let s = setup().await;
-    assert_forwarded(&s, "faults/duplicate-time-key.http", 0.3).await;
+    let case = "faults/duplicate-time-key.http";
+    assert_forwarded(&s, case, 0.3).await;
+    // Stale first, fresh second: a first-wins reader would answer it stale.
+    let text = String::from_utf8(render(case)).unwrap();
+    let (fresh, stale) = (
+        rfc3339(now_utc(), false),
+        rfc3339(now_utc() - time::Duration::seconds(600), false),
+    );
+    let swapped = text
+        .replacen(&fresh, "FRESH", 1)
+        .replacen(&stale, &fresh, 1)
+        .replacen("FRESH", &stale, 1);
+    assert_ne!(swapped, text);
+    assert_forwarded_bytes(&s, case, swapped.as_bytes(), 0.3).await;
     let m = scrape(&s.proxy).await;
-    assert_eq!(ambiguous_count(&m), 1.0, "{m}");
+    assert_eq!(ambiguous_count(&m), 2.0, "{m}");
     assert_eq!(
         metric(&m, "shedgate_unreadable_facts_total", &[("fact", "time")]),
-        1.0
+        2.0
     );
 }
 
@@ -190,9 +203,24 @@ async fn case_absolute_form_authority() {
     let r = assert_forwarded(&s, "faults/absolute-form-authority.http", 1.0).await;
     assert_eq!(r.headers["host"], "tenant-a.example.test");
     assert_eq!(r.uri.path(), "/ingest");
-    let ftp = b"POST ftp://tenant-a.example.test/ingest HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\nContent-Length: 2\r\n\r\n{}";
     let before = s.upstream.count();
-    assert_eq!(exchange(&s.proxy, ftp).await.status, 400);
+    for target in [
+        "ftp://tenant-a.example.test/ingest",
+        "http://user@tenant-a.example.test/ingest",
+        "/ingest/overland/..%2Ffleet",
+        "/ingest/overland/..%5cfleet",
+    ] {
+        let req = format!(
+            "POST {target} HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        assert_eq!(
+            exchange(&s.proxy, req.as_bytes()).await.status,
+            400,
+            "{target}"
+        );
+    }
+    let trace = b"TRACE /ingest HTTP/1.1\r\nHost: x\r\nCookie: secret\r\n\r\n";
+    assert_eq!(exchange(&s.proxy, trace).await.status, 405);
     assert_eq!(s.upstream.count(), before);
 }
 
