@@ -69,9 +69,9 @@ impl PolicyFiles {
             .and_then(|t| toml::from_str::<AreasFile>(t).ok())
         {
             for path in af.areas.iter().filter_map(|a| a.geojson.as_ref()) {
-                regions.entry(path.0.clone()).or_insert_with(|| {
-                    std::fs::read_to_string(dir.join(&path.0)).map_err(|e| e.to_string())
-                });
+                regions
+                    .entry(path.0.clone())
+                    .or_insert_with(|| read_region(&dir.join(&path.0)));
             }
         }
         Ok(PolicyFiles {
@@ -362,8 +362,9 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     };
 
     let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
-    let mut parsed_regions: HashMap<String, geo::Regions> = HashMap::new();
-    let mut region_positions = 0usize;
+    // Regions first: every file parsed once and the tiling cost summed, so that a policy over
+    // the limits is refused before any tiling time is spent.
+    let (parsed_regions, region_positions) = parse_regions(files, &af.areas, &areas_path)?;
     let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
     let mut cells: HashMap<u64, AreaId> = HashMap::new();
     for (i, a) in af.areas.into_iter().enumerate() {
@@ -415,57 +416,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         }
         let mut region_cells = Vec::new();
         if let Some(path) = &a.geojson {
-            let text = match files.regions.get(&path.0) {
-                Some(Ok(text)) => text,
-                Some(Err(e)) => {
-                    return Err(at(
-                        &areas_path,
-                        field("geojson"),
-                        format!("{}: cannot read: {e}", path.0),
-                    ));
-                }
-                None => {
-                    return Err(at(
-                        &areas_path,
-                        field("geojson"),
-                        format!("{}: not read", path.0),
-                    ));
-                }
-            };
-            let regions = match parsed_regions.entry(path.0.clone()) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    if text.len() > MAX_REGION_FILE_BYTES {
-                        return Err(at(
-                            &areas_path,
-                            field("geojson"),
-                            format!(
-                                "{}: {} bytes, over the limit of {MAX_REGION_FILE_BYTES} bytes \
-                                 (16 MiB) for one region file: simplify the outline",
-                                path.0,
-                                text.len()
-                            ),
-                        ));
-                    }
-                    let parsed = geo::Regions::parse(text).map_err(|err| {
-                        at(&areas_path, field("geojson"), format!("{}: {err}", path.0))
-                    })?;
-                    region_positions += parsed.positions();
-                    if region_positions > MAX_REGION_POSITIONS {
-                        return Err(at(
-                            &areas_path,
-                            field("geojson"),
-                            format!(
-                                "{}: the region files hold {region_positions} positions so far, \
-                                 over the limit of {MAX_REGION_POSITIONS} per policy (compiling \
-                                 costs about 180 bytes per position): simplify the outlines",
-                                path.0
-                            ),
-                        ));
-                    }
-                    e.insert(parsed)
-                }
-            };
+            let regions = &parsed_regions[&path.0];
             let tiled = geo::tile(regions, a.feature.as_deref()).map_err(|err| {
                 at(
                     &areas_path,
@@ -615,4 +566,84 @@ fn table_line(text: &str, table: &str, name: &str) -> Option<(usize, usize)> {
         offset += line.len();
     }
     None
+}
+
+/// Reads a region file, at most [`MAX_REGION_FILE_BYTES`] of it: a larger file is refused
+/// before it is held in memory.
+fn read_region(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let limit = u64::try_from(MAX_REGION_FILE_BYTES).unwrap_or(u64::MAX);
+    let mut text = String::new();
+    file.take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() > MAX_REGION_FILE_BYTES {
+        return Err(format!(
+            "over the limit of {MAX_REGION_FILE_BYTES} bytes (16 MiB) for one region file: \
+             simplify the outline"
+        ));
+    }
+    Ok(text)
+}
+
+/// Parses every region file the areas name, once each, within [`MAX_REGION_FILE_BYTES`] per
+/// file and [`MAX_REGION_POSITIONS`] per policy, both for the positions the files hold and
+/// for the positions the areas will tile (a file tiled by many areas counts each time).
+/// Returns the parsed files by path and the positions they hold.
+fn parse_regions(
+    files: &PolicyFiles,
+    areas: &[super::file::AreaSection],
+    areas_path: &Path,
+) -> Result<(HashMap<String, geo::Regions>, usize), PolicyError> {
+    let mut parsed: HashMap<String, geo::Regions> = HashMap::new();
+    let (mut held, mut tiled) = (0usize, 0usize);
+    let over_limit = |what: &str| {
+        format!(
+            "the areas {what} more than {MAX_REGION_POSITIONS} region positions together, the \
+             limit per policy (compiling costs about 180 bytes and 6 µs per position): simplify \
+             the outlines"
+        )
+    };
+    for (i, a) in areas.iter().enumerate() {
+        let Some(path) = &a.geojson else { continue };
+        let refuse = |message: String| PolicyError {
+            location: Location {
+                file: areas_path.to_owned(),
+                line_col: None,
+                field: Some(format!("areas[{i}].geojson")),
+            },
+            message: format!("{}: {message}", path.0),
+        };
+        if !parsed.contains_key(&path.0) {
+            let text = match files.regions.get(&path.0) {
+                Some(Ok(text)) => text,
+                Some(Err(e)) => return Err(refuse(format!("cannot read: {e}"))),
+                None => return Err(refuse("not read".into())),
+            };
+            // `PolicyFiles::read` stops reading past the limit; text given otherwise is
+            // checked here.
+            if text.len() > MAX_REGION_FILE_BYTES {
+                return Err(refuse(format!(
+                    "{} bytes, over the limit of {MAX_REGION_FILE_BYTES} bytes (16 MiB) for one \
+                     region file: simplify the outline",
+                    text.len()
+                )));
+            }
+            let (regions, used) =
+                geo::Regions::parse(text, MAX_REGION_POSITIONS - held).map_err(|err| {
+                    refuse(match err {
+                        geo::RegionError::TooManyPositions => over_limit("hold"),
+                        err => err.to_string(),
+                    })
+                })?;
+            held += used;
+            parsed.insert(path.0.clone(), regions);
+        }
+        tiled += parsed[&path.0].positions(a.feature.as_deref());
+        if tiled > MAX_REGION_POSITIONS {
+            return Err(refuse(over_limit("tile")));
+        }
+    }
+    Ok((parsed, held))
 }

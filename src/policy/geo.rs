@@ -49,7 +49,7 @@ pub enum RegionError {
     NoFeature(String),
     /// An edge wider than 180° of longitude away from the antimeridian.
     #[error(
-        "feature {feature}: the edge [{from_lon}, {lat}] → [{to_lon}, {lat2}] spans more than 180° of longitude; it would be read as crossing the antimeridian and tile the other side of the globe: split the polygon so no edge spans 180° or more (RFC 7946 section 3.1.9)"
+        "feature {feature}: the edge [{from_lon}, {lat}] → [{to_lon}, {lat2}] spans more than 180° of longitude; it would be read as crossing the antimeridian and tile the other side of the globe: split the polygon so that no edge spans more than 180° (RFC 7946 section 3.1.9)"
     )]
     WideEdge {
         /// The feature (`properties.name`, else its index in the file).
@@ -63,6 +63,9 @@ pub enum RegionError {
         /// Latitude of the edge's end.
         lat2: f64,
     },
+    /// More positions than the policy's limit allows (the parse stopped there).
+    #[error("more positions than the policy's limit allows")]
+    TooManyPositions,
     /// A ring that crosses itself.
     #[error("feature {0}: a ring crosses itself, so its inside is not defined")]
     SelfIntersecting(String),
@@ -79,20 +82,26 @@ pub enum RegionError {
 pub struct Regions(Vec<Region>);
 
 impl Regions {
-    /// Parses a GeoJSON document.
+    /// Parses a GeoJSON document of at most `budget` positions; returns it and the positions
+    /// it holds.
     ///
     /// # Errors
-    /// [`RegionError::Parse`] when it is not GeoJSON of the forms areas read.
-    pub fn parse(text: &str) -> Result<Self, RegionError> {
-        region_file::parse(text)
-            .map(Regions)
-            .map_err(RegionError::Parse)
+    /// [`RegionError::Parse`] when it is not GeoJSON of the forms areas read;
+    /// [`RegionError::TooManyPositions`] past `budget` (the parse stops there).
+    pub fn parse(text: &str, budget: usize) -> Result<(Self, usize), RegionError> {
+        match region_file::parse(text, budget) {
+            Ok((regions, used)) => Ok((Regions(regions), used)),
+            Err(region_file::ReadError::Invalid(why)) => Err(RegionError::Parse(why)),
+            Err(region_file::ReadError::OverBudget) => Err(RegionError::TooManyPositions),
+        }
     }
 
-    /// Positions in all the regions' rings.
-    pub fn positions(&self) -> usize {
+    /// Positions in the rings of the features `feature` selects (all without one): what
+    /// tiling them costs.
+    pub fn positions(&self, feature: Option<&str>) -> usize {
         self.0
             .iter()
+            .filter(|r| feature.is_none_or(|want| r.name.as_deref() == Some(want)))
             .filter_map(|r| match &r.geometry {
                 Some(Geometry::Polygons(ps)) => Some(ps),
                 _ => None,
@@ -120,8 +129,14 @@ pub struct Tiled {
 /// invalid polygon, an edge wider than 180° away from the antimeridian, a ring that crosses
 /// itself, an unmatched `feature`, or a region that covers nothing.
 pub fn tile_geojson(text: &str, feature: Option<&str>) -> Result<Vec<CellIndex>, RegionError> {
-    tile(&Regions::parse(text)?, feature).map(|t| t.cells)
+    tile(&Regions::parse(text, usize::MAX)?.0, feature).map(|t| t.cells)
 }
+
+/// Longest ring checked for crossing itself, positions: geo's sweep compares every pair of
+/// segments whose longitude ranges overlap, quadratic for a comb-shaped ring, so longer
+/// rings are tiled unchecked, with a warning. (Every country outline of
+/// `data/countries.geojson` is far below it.)
+const MAX_CHECKED_RING: usize = 20_000;
 
 /// Longitude within which both ends of an edge wider than 180° read as an antimeridian
 /// crossing: 30° of it.
@@ -160,7 +175,17 @@ pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionErr
         for polygon in polygons {
             let mut polygon = polygon.clone();
             check_edges(&polygon, &label, &mut warnings)?;
-            if crosses_itself(&polygon) {
+            let longest = std::iter::once(polygon.exterior())
+                .chain(polygon.interiors())
+                .map(|r| r.0.len())
+                .max()
+                .unwrap_or(0);
+            if longest > MAX_CHECKED_RING {
+                warnings.push(format!(
+                    "feature {label}: a ring of {longest} positions is not checked for crossing \
+                     itself (only rings of up to {MAX_CHECKED_RING} are)"
+                ));
+            } else if crosses_itself(&polygon) {
                 return Err(RegionError::SelfIntersecting(label));
             }
             normalise(&mut polygon)?;
@@ -370,7 +395,7 @@ mod tests {
         };
         // The issue's ring: a 240° band across Greenwich, which h3o would read as the Pacific.
         let wide = poly("[[-120,-10],[120,-10],[120,10],[-120,10],[-120,-10]]");
-        let e = tile(&Regions::parse(&wide).unwrap(), None).unwrap_err();
+        let e = tile(&Regions::parse(&wide, usize::MAX).unwrap().0, None).unwrap_err();
         assert!(
             matches!(&e, RegionError::WideEdge { feature, .. } if feature == "\"band\""),
             "{e}"
@@ -378,7 +403,7 @@ mod tests {
         assert!(e.to_string().contains("RFC 7946"), "{e}");
         // Written across the antimeridian GeoJSON-style: read as a crossing, with a warning.
         let fiji = poly("[[179,-17],[-179,-17],[-179,-16],[179,-16],[179,-17]]");
-        let t = tile(&Regions::parse(&fiji).unwrap(), None).unwrap();
+        let t = tile(&Regions::parse(&fiji, usize::MAX).unwrap().0, None).unwrap();
         assert!(t.cells.contains(&cell(-16.5, 179.5)) && t.cells.contains(&cell(-16.5, -179.5)));
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].contains("antimeridian"), "{:?}", t.warnings);
@@ -390,12 +415,12 @@ mod tests {
         // A bow tie crosses itself.
         let bowtie = poly("[[10,10],[12,12],[12,10],[10,12],[10,10]]");
         assert!(matches!(
-            tile(&Regions::parse(&bowtie).unwrap(), None),
+            tile(&Regions::parse(&bowtie, usize::MAX).unwrap().0, None),
             Err(RegionError::SelfIntersecting(f)) if f == "\"band\""
         ));
         // A plain box: no warning.
         let plain = poly("[[10,10],[12,10],[12,12],[10,12],[10,10]]");
-        let t = tile(&Regions::parse(&plain).unwrap(), None).unwrap();
+        let t = tile(&Regions::parse(&plain, usize::MAX).unwrap().0, None).unwrap();
         assert!(t.warnings.is_empty(), "{:?}", t.warnings);
     }
 

@@ -1,5 +1,7 @@
-//! Reading a GeoJSON region file (RFC 7946) lean: straight into `geo_types` polygons, one
-//! 16-byte coordinate per position, without a document tree.
+//! Reading a GeoJSON region file (RFC 7946) lean: straight into `geo_types` rings, one
+//! 16-byte coordinate per position (a ring's positions are read into one `Vec` that becomes
+//! the ring), without a document tree, and stopped as soon as the policy's position budget
+//! is spent.
 //!
 //! The `geojson` crate parses a document into a `serde_json::Value` tree first and then into
 //! `Vec<f64>` positions (a heap allocation each): a 25 MB outline of 1.2 million positions
@@ -9,6 +11,7 @@
 //! files", limits). Only what areas need is read: `type`, `features`, `geometry`,
 //! `properties.name` and `coordinates`; every other member is skipped unparsed.
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::Deserialize;
@@ -54,10 +57,27 @@ struct Properties {
 }
 
 /// Nested coordinate arrays of any depth: a position (`[lon, lat]`, further numbers such as
-/// altitude ignored), or a list.
+/// altitude ignored), a list of positions (a ring, held as coordinates), or a list of lists.
 enum Nested {
     Position(geo_types::Coord<f64>),
+    Positions(Vec<geo_types::Coord<f64>>),
     List(Vec<Nested>),
+}
+
+thread_local! {
+    /// Positions the parse on this thread may still read (see [`parse`]).
+    static BUDGET: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// Takes one position from the budget; `false` when it is spent.
+fn spend() -> bool {
+    BUDGET.with(|b| match b.get().checked_sub(1) {
+        Some(left) => {
+            b.set(left);
+            true
+        }
+        None => false,
+    })
 }
 
 /// An element of a coordinate array: a number (of a position) or a deeper array.
@@ -127,15 +147,34 @@ impl<'de> Visitor<'de> for ItemVisitor {
                         return Err(de::Error::custom("a position holds only numbers"));
                     }
                 }
+                if !spend() {
+                    return Err(de::Error::custom(OVER_BUDGET));
+                }
                 Ok(Item::Nested(Nested::Position(geo_types::Coord { x, y })))
+            }
+            Item::Nested(Nested::Position(c)) => {
+                // A list of positions: a ring, read straight into coordinates.
+                let mut ring = vec![c];
+                while let Some(item) = seq.next_element::<Item>()? {
+                    match item {
+                        Item::Nested(Nested::Position(c)) => ring.push(c),
+                        _ => {
+                            return Err(de::Error::custom(
+                                "an array mixes positions and other values",
+                            ));
+                        }
+                    }
+                }
+                ring.shrink_to_fit();
+                Ok(Item::Nested(Nested::Positions(ring)))
             }
             Item::Nested(n) => {
                 let mut list = vec![n];
                 while let Some(item) = seq.next_element::<Item>()? {
                     match item {
-                        Item::Nested(n) => list.push(n),
-                        Item::Number(_) => {
-                            return Err(de::Error::custom("an array mixes positions and numbers"));
+                        Item::Nested(n @ (Nested::List(_) | Nested::Positions(_))) => list.push(n),
+                        _ => {
+                            return Err(de::Error::custom("an array mixes lists and other values"));
                         }
                     }
                 }
@@ -145,13 +184,42 @@ impl<'de> Visitor<'de> for ItemVisitor {
     }
 }
 
-/// Reads a region file: a Geometry, a Feature or a FeatureCollection.
+/// The message of a parse stopped by the budget (recognised in [`parse`]).
+const OVER_BUDGET: &str = "more positions than the policy's limit allows";
+
+/// Why a region file gives no regions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ReadError {
+    /// Not GeoJSON of the forms areas read: what and where.
+    Invalid(String),
+    /// More positions than the budget: the parse stopped there.
+    OverBudget,
+}
+
+/// Reads a region file: a Geometry, a Feature or a FeatureCollection, of at most `budget`
+/// positions. Returns the regions and the positions read.
 ///
 /// # Errors
 /// A message with serde_json's line and column for text that is not such a GeoJSON object,
-/// or coordinates of the wrong depth for their type.
-pub(super) fn parse(text: &str) -> Result<Vec<Region>, String> {
-    let root: Object = serde_json::from_str(text).map_err(|e| e.to_string())?;
+/// coordinates of the wrong depth for their type ([`ReadError::Invalid`]), or more than
+/// `budget` positions ([`ReadError::OverBudget`]; the parse stops there).
+pub(super) fn parse(text: &str, budget: usize) -> Result<(Vec<Region>, usize), ReadError> {
+    BUDGET.with(|b| b.set(budget));
+    let parsed = serde_json::from_str::<Object>(text);
+    let left = BUDGET.with(|b| b.replace(usize::MAX));
+    let root = parsed.map_err(|e| {
+        if left == 0 && e.to_string().starts_with(OVER_BUDGET) {
+            ReadError::OverBudget
+        } else {
+            ReadError::Invalid(e.to_string())
+        }
+    })?;
+    regions(root)
+        .map(|r| (r, budget - left))
+        .map_err(ReadError::Invalid)
+}
+
+fn regions(root: Object) -> Result<Vec<Region>, String> {
     match root.kind.as_str() {
         "FeatureCollection" => root
             .features
@@ -183,42 +251,37 @@ fn feature(object: Object) -> Result<Region, String> {
 }
 
 fn geometry(object: Object) -> Result<Geometry, String> {
-    let coordinates = || {
-        object
-            .coordinates
-            .as_ref()
-            .ok_or_else(|| format!("a {} needs `coordinates`", object.kind))
-    };
-    match object.kind.as_str() {
-        "Polygon" => Ok(Geometry::Polygons(vec![polygon(coordinates()?)?])),
-        "MultiPolygon" => match coordinates()? {
+    let Object {
+        kind, coordinates, ..
+    } = object;
+    let need = |c: Option<Nested>| c.ok_or_else(|| format!("a {kind} needs `coordinates`"));
+    match kind.as_str() {
+        "Polygon" => Ok(Geometry::Polygons(vec![polygon(need(coordinates)?)?])),
+        "MultiPolygon" => match need(coordinates)? {
             Nested::List(polygons) => Ok(Geometry::Polygons(
-                polygons.iter().map(polygon).collect::<Result<_, _>>()?,
+                polygons
+                    .into_iter()
+                    .map(polygon)
+                    .collect::<Result<_, _>>()?,
             )),
-            Nested::Position(_) => Err("MultiPolygon coordinates are a list of polygons".into()),
+            _ => Err("MultiPolygon coordinates are a list of polygons".into()),
         },
         "Point" | "MultiPoint" | "LineString" | "MultiLineString" | "GeometryCollection" => {
-            Ok(Geometry::Other(object.kind))
+            Ok(Geometry::Other(kind.clone()))
         }
         other => Err(format!("{other:?} is not a GeoJSON geometry type")),
     }
 }
 
-/// A polygon from its rings (the first is the exterior).
-fn polygon(rings: &Nested) -> Result<geo_types::Polygon<f64>, String> {
+/// A polygon from its rings (the first is the exterior); each ring's coordinates are moved,
+/// not copied.
+fn polygon(rings: Nested) -> Result<geo_types::Polygon<f64>, String> {
     let Nested::List(rings) = rings else {
         return Err("Polygon coordinates are a list of rings".into());
     };
-    let mut rings = rings.iter().map(|ring| match ring {
-        Nested::List(positions) => positions
-            .iter()
-            .map(|p| match p {
-                Nested::Position(c) => Ok(*c),
-                Nested::List(_) => Err("a ring is a list of positions".to_owned()),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(geo_types::LineString::new),
-        Nested::Position(_) => Err("a ring is a list of positions".to_owned()),
+    let mut rings = rings.into_iter().map(|ring| match ring {
+        Nested::Positions(positions) => Ok(geo_types::LineString::new(positions)),
+        _ => Err("a ring is a list of positions".to_owned()),
     });
     let exterior = rings.next().ok_or("a Polygon needs an exterior ring")??;
     let interiors = rings.collect::<Result<Vec<_>, _>>()?;
@@ -235,7 +298,8 @@ mod tests {
             {"type":"Feature","properties":null,"geometry":null},
             {"type":"Feature","properties":{"name":"m"},"geometry":{"type":"MultiPolygon","coordinates":[[[[0,0],[1,0],[1,1],[0,0]]],[[[5,5],[6,5],[6,6],[5,5]]]]}}],
             "type":"FeatureCollection","bbox":[0,0,1,1]}"#;
-        let regions = parse(fc).unwrap();
+        let (regions, used) = parse(fc, 100).unwrap();
+        assert_eq!(used, 12);
         assert_eq!(regions.len(), 3);
         assert_eq!(regions[0].name.as_deref(), Some("a"));
         let Some(Geometry::Polygons(p)) = &regions[0].geometry else {
@@ -247,8 +311,10 @@ mod tests {
             panic!()
         };
         assert_eq!(m.len(), 2);
-        let bare = parse(r#"{"type":"Point","coordinates":[1,2]}"#).unwrap();
+        let (bare, _) = parse(r#"{"type":"Point","coordinates":[1,2]}"#, 100).unwrap();
         assert!(matches!(&bare[0].geometry, Some(Geometry::Other(k)) if k == "Point"));
+        // The budget stops the parse.
+        assert_eq!(parse(fc, 11).unwrap_err(), ReadError::OverBudget);
     }
 
     #[test]
@@ -261,8 +327,11 @@ mod tests {
             r#"{"type":"Circle","coordinates":[]}"#,
             r#"{"type":"FeatureCollection","features":[{"type":"Polygon","coordinates":[]}]}"#,
         ] {
-            assert!(parse(bad).is_err(), "{bad}");
+            assert!(parse(bad, 100).is_err(), "{bad}");
         }
-        assert!(parse("{\n\"type\": 5}").unwrap_err().contains("line 2"));
+        let ReadError::Invalid(why) = parse("{\n\"type\": 5}", 100).unwrap_err() else {
+            panic!()
+        };
+        assert!(why.contains("line 2"), "{why}");
     }
 }
