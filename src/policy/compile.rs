@@ -23,17 +23,6 @@ pub struct Compiled {
     pub region_positions: usize,
 }
 
-/// Largest region file, bytes (16 MiB): refused before it is parsed.
-pub const MAX_REGION_FILE_BYTES: usize = 16 << 20;
-
-/// Most positions all the region files of a policy may hold together (500,000). Compiling
-/// costs about 180 bytes and 6 µs per position at its peak (measured on the 2-core build
-/// machine: a 500,000-position outline peaks at 100 MiB and takes 2.8 s in `shedgate check`,
-/// release build; 1.2 million took 263 MiB and 8.1 s), so a policy at the limit compiles
-/// beside a running proxy within the 256 Mi of our own Kubernetes manifest. A policy over it
-/// is refused, and a live proxy keeps its last good policy.
-pub const MAX_REGION_POSITIONS: usize = 500_000;
-
 /// The raw contents of a policy directory: the two TOML files and every region file
 /// `areas.toml` refers to. Its [`PolicyFiles::version`] is the policy's version, so a reload
 /// can tell "unchanged" without compiling (tiling regions can take a while).
@@ -71,7 +60,7 @@ impl PolicyFiles {
             for path in af.areas.iter().filter_map(|a| a.geojson.as_ref()) {
                 regions
                     .entry(path.0.clone())
-                    .or_insert_with(|| read_region(&dir.join(&path.0)));
+                    .or_insert_with(|| super::regions::read_region(&dir.join(&path.0)));
             }
         }
         Ok(PolicyFiles {
@@ -364,7 +353,8 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let default_rank = af.default_rank.unwrap_or(Rank::DEFAULT);
     // Regions first: every file parsed once and the tiling cost summed, so that a policy over
     // the limits is refused before any tiling time is spent.
-    let (parsed_regions, region_positions) = parse_regions(files, &af.areas, &areas_path)?;
+    let (parsed_regions, region_positions) =
+        super::regions::parse_regions(files, &af.areas, &areas_path)?;
     let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
     let mut cells: HashMap<u64, AreaId> = HashMap::new();
     for (i, a) in af.areas.into_iter().enumerate() {
@@ -566,84 +556,4 @@ fn table_line(text: &str, table: &str, name: &str) -> Option<(usize, usize)> {
         offset += line.len();
     }
     None
-}
-
-/// Reads a region file, at most [`MAX_REGION_FILE_BYTES`] of it: a larger file is refused
-/// before it is held in memory.
-fn read_region(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let limit = u64::try_from(MAX_REGION_FILE_BYTES).unwrap_or(u64::MAX);
-    let mut text = String::new();
-    file.take(limit + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| e.to_string())?;
-    if text.len() > MAX_REGION_FILE_BYTES {
-        return Err(format!(
-            "over the limit of {MAX_REGION_FILE_BYTES} bytes (16 MiB) for one region file: \
-             simplify the outline"
-        ));
-    }
-    Ok(text)
-}
-
-/// Parses every region file the areas name, once each, within [`MAX_REGION_FILE_BYTES`] per
-/// file and [`MAX_REGION_POSITIONS`] per policy, both for the positions the files hold and
-/// for the positions the areas will tile (a file tiled by many areas counts each time).
-/// Returns the parsed files by path and the positions they hold.
-fn parse_regions(
-    files: &PolicyFiles,
-    areas: &[super::file::AreaSection],
-    areas_path: &Path,
-) -> Result<(HashMap<String, geo::Regions>, usize), PolicyError> {
-    let mut parsed: HashMap<String, geo::Regions> = HashMap::new();
-    let (mut held, mut tiled) = (0usize, 0usize);
-    let over_limit = |what: &str| {
-        format!(
-            "the areas {what} more than {MAX_REGION_POSITIONS} region positions together, the \
-             limit per policy (compiling costs about 180 bytes and 6 µs per position): simplify \
-             the outlines"
-        )
-    };
-    for (i, a) in areas.iter().enumerate() {
-        let Some(path) = &a.geojson else { continue };
-        let refuse = |message: String| PolicyError {
-            location: Location {
-                file: areas_path.to_owned(),
-                line_col: None,
-                field: Some(format!("areas[{i}].geojson")),
-            },
-            message: format!("{}: {message}", path.0),
-        };
-        if !parsed.contains_key(&path.0) {
-            let text = match files.regions.get(&path.0) {
-                Some(Ok(text)) => text,
-                Some(Err(e)) => return Err(refuse(format!("cannot read: {e}"))),
-                None => return Err(refuse("not read".into())),
-            };
-            // `PolicyFiles::read` stops reading past the limit; text given otherwise is
-            // checked here.
-            if text.len() > MAX_REGION_FILE_BYTES {
-                return Err(refuse(format!(
-                    "{} bytes, over the limit of {MAX_REGION_FILE_BYTES} bytes (16 MiB) for one \
-                     region file: simplify the outline",
-                    text.len()
-                )));
-            }
-            let (regions, used) =
-                geo::Regions::parse(text, MAX_REGION_POSITIONS - held).map_err(|err| {
-                    refuse(match err {
-                        geo::RegionError::TooManyPositions => over_limit("hold"),
-                        err => err.to_string(),
-                    })
-                })?;
-            held += used;
-            parsed.insert(path.0.clone(), regions);
-        }
-        tiled += parsed[&path.0].positions(a.feature.as_deref());
-        if tiled > MAX_REGION_POSITIONS {
-            return Err(refuse(over_limit("tile")));
-        }
-    }
-    Ok((parsed, held))
 }

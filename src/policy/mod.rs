@@ -11,6 +11,7 @@ pub mod geo;
 mod opaque;
 pub mod path;
 mod region_file;
+mod regions;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -21,11 +22,10 @@ use std::time::Duration;
 use h3o::{CellIndex, LatLng, Resolution};
 use serde::{Deserialize, Serialize};
 
-pub use compile::{
-    Compiled, MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS, PolicyFiles, compile, load_dir,
-};
+pub use compile::{Compiled, PolicyFiles, compile, load_dir};
 pub use curve::{Curve, Rank};
 pub use error::{Location, PolicyError, Warning};
+pub use regions::{MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS};
 
 use crate::extract::Extractor;
 use crate::extract::formats::{ContentMode, Format};
