@@ -1,6 +1,7 @@
 //! Series of names that left the policy: the exporter has no way to unregister a series, so
 //! a render leaves out every series labelled with a stream, area or route the live policy no
-//! longer has (and `shedgate_policy_info` of versions no longer live). A name that comes back
+//! longer has (and `shedgate_policy_info` of versions no longer live, and the disabled gauge
+//! of streams no longer there). A name that comes back
 //! continues its old count, which counters allow.
 
 use std::collections::HashSet;
@@ -41,11 +42,19 @@ impl LiveNames {
             return true;
         };
         let info = line.starts_with(super::POLICY_INFO);
+        let disabled = line.starts_with(super::DISABLED_UNTIL);
+        let mut stream_scope = false;
         labels_of(labels).all(|(key, value)| match key {
             "stream" => self.streams.contains(&value),
             "area" => self.areas.contains(&value),
             "route" => self.routes.contains(&value),
             "version" if info => value == self.version,
+            // `scope` comes before `name` in the disabled gauge's labels.
+            "scope" if disabled => {
+                stream_scope = value == "stream";
+                true
+            }
+            "name" if stream_scope => self.streams.contains(&value),
             _ => true,
         })
     }
@@ -118,10 +127,10 @@ mod tests {
             routes: ["none".to_owned()].into(),
             version: "abc".to_owned(),
         };
-        let text = "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nx{stream=\"v\",area=\"old\"} 2\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_policy_info{version=\"old\"} 0\ny 5\n";
+        let text = "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nx{stream=\"v\",area=\"old\"} 2\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_policy_info{version=\"old\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"stream\",name=\"gone\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\ny 5\n";
         assert_eq!(
             live.filter(text),
-            "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nshedgate_policy_info{version=\"abc\"} 1\ny 5\n"
+            "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\ny 5\n"
         );
     }
 }
