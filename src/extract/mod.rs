@@ -272,7 +272,8 @@ impl Extractor {
     /// Reads a request's events and their facts: from its query string (`query`, without
     /// the `?`) or a form body (`form`: its `Content-Type` is
     /// `application/x-www-form-urlencoded`) when the shape names [`ParamKeys`], else from
-    /// the JSON body (see [`Extractor::extract`]).
+    /// the JSON body (see [`Extractor::extract`]). A fact that the query and the form body
+    /// both state, differently, is ambiguous, so unreadable.
     pub fn extract_request(&self, query: Option<&str>, form: bool, body: &[u8]) -> BodyFacts {
         if let Some(keys) = &self.shape.params {
             let from = |e: EventFacts| BodyFacts {
@@ -281,11 +282,25 @@ impl Extractor {
                 ambiguous: false,
                 events: vec![e],
             };
-            if let Some(e) = query.and_then(|q| keys.read(q.as_bytes())) {
-                return from(e);
-            }
-            if form {
-                return from(keys.read(body).unwrap_or(EventFacts::MISSING));
+            let in_query = query.and_then(|q| keys.read(q.as_bytes()));
+            let in_form = if form { keys.read(body) } else { None };
+            match (in_query, in_form) {
+                // Both state the facts: where they differ, the fact is ambiguous.
+                (Some(mut q), Some(f)) => {
+                    if q.coordinates != f.coordinates {
+                        q.coordinates = Coordinates::Invalid;
+                        q.ambiguous = true;
+                    }
+                    if q.time != f.time {
+                        q.time = EventTime::Invalid;
+                        q.ambiguous = true;
+                    }
+                    q.ambiguous |= f.ambiguous;
+                    return from(q);
+                }
+                (Some(e), None) | (None, Some(e)) => return from(e),
+                (None, None) if form => return from(EventFacts::MISSING),
+                (None, None) => {}
             }
         }
         self.extract(body)

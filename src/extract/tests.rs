@@ -162,3 +162,20 @@ fn pointer_errors() {
         .is_err()
     );
 }
+
+#[test]
+fn query_and_form_that_disagree_are_ambiguous() {
+    let (shape, _, _) = super::formats::Format::Osmand.preset(super::formats::ContentMode::Binary);
+    let e = Extractor::new(shape).unwrap();
+    let q = "lat=52.52&lon=13.405&timestamp=1780000000";
+    let same = e.extract_request(Some(q), true, q.as_bytes());
+    assert_eq!(same.events[0].coordinates, Coordinates::new(52.52, 13.405));
+    assert!(!same.events[0].ambiguous);
+    let other = e.extract_request(Some(q), true, b"lat=48.1&lon=11.5&timestamp=1780000000");
+    assert_eq!(other.events[0].coordinates, Coordinates::Invalid);
+    assert_eq!(
+        other.events[0].time,
+        EventTime::At(UnixMillis(1_780_000_000_000))
+    );
+    assert!(other.events[0].ambiguous);
+}
