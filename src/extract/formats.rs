@@ -189,7 +189,7 @@ impl Format {
     }
 
     /// The body this format's sender counts as a successful delivery, when its client reads
-    /// the body of a 2xx (served as `application/json`; see [`crate::policy::Policy::stale_body`]):
+    /// the body of a 2xx (served as `application/json`; the policy's `Policy::stale_body` picks it):
     /// - `owntracks`: `[]`. OwnTracks 2.5.x treats a 2xx as delivered only when the body
     ///   parses as a JSON array (the commands to run; empty: none), and re-queues anything
     ///   else.
