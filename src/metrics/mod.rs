@@ -36,6 +36,10 @@ pub const WOULD_SHED: &str = "shedgate_would_shed_total";
 /// not believed, not stale; `ambiguous`: stated twice, differently, so unreadable, and for a
 /// stream, unknown). Ambiguity is counted on unknown streams too.
 pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
+/// Sheddable requests admitted by the decision, by `stream` and `area`: with
+/// [`SHED`] (stale aside), the offered sheddable events a completeness objective counts
+/// against (`deploy/prometheus/shedgate-slo.yml`).
+pub const ADMITTED: &str = "shedgate_admitted_total";
 /// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
 pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
 /// The local clock's offset from the upstream's, seconds (positive: the upstream is ahead),
@@ -101,6 +105,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         UNREADABLE,
         "counter",
         "Sheddable requests with unreadable facts, by stream, route (its prefix, or none) and fact (body, coordinates, time, time_implausible, ambiguous: stated twice, differently; counted on unknown streams too).",
+    ),
+    (
+        ADMITTED,
+        "counter",
+        "Sheddable requests admitted by the decision, by stream and area (beside shedgate_shed_total: the offered sheddable events).",
     ),
     (
         OPAQUE,

@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 use metrics::{Counter, Histogram, Label};
 
 use super::{
-    EVENT_AGE, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
+    ADMITTED, EVENT_AGE, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE,
+    WOULD_SHED,
 };
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
@@ -26,6 +27,8 @@ pub struct PolicyMetrics {
     sheds: Vec<OnceLock<Counter>>,
     /// `[route]`.
     opaque: Vec<OnceLock<Counter>>,
+    /// `[slot × areas + area]`.
+    admitted: Vec<OnceLock<Counter>>,
     /// `[slot]`.
     ages: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
@@ -64,6 +67,9 @@ impl PolicyMetrics {
             metrics: Arc::clone(metrics),
             requests: (0..slots).map(|_| Default::default()).collect(),
             opaque: (0..route_names.len()).map(|_| OnceLock::new()).collect(),
+            admitted: (0..slots * area_names.len())
+                .map(|_| OnceLock::new())
+                .collect(),
             ages: (0..slots).map(|_| OnceLock::new()).collect(),
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
@@ -184,5 +190,22 @@ impl PolicyMetrics {
                 )
             })
             .record(secs);
+    }
+
+    /// Counts a sheddable request the decision admitted, by stream and area.
+    pub fn admitted(&self, stream: Option<StreamId>, area: Option<AreaId>) {
+        let slot = self.slot(stream);
+        let area = area.map_or(self.area_names.len() - 1, AreaId::index);
+        self.admitted[slot * self.area_names.len() + area]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    ADMITTED,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("area", self.area_names[area].clone()),
+                    ],
+                )
+            })
+            .increment(1);
     }
 }

@@ -131,6 +131,9 @@ where
         &shared.load(),
     );
     m.shed(stream, decision.area, decision.verdict);
+    if sheddable && matches!(decision.verdict, Verdict::Admit | Verdict::WouldShed(_)) {
+        m.admitted(stream, decision.area);
+    }
     if let Some(age) = decision.age_ms {
         m.event_age(stream, age);
     }
