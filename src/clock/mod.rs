@@ -32,6 +32,22 @@ impl UnixMillis {
     pub fn since(self, earlier: UnixMillis) -> i64 {
         self.0.saturating_sub(earlier.0)
     }
+
+    /// Unix seconds, with fractions (for gauges).
+    pub fn as_secs_f64(self) -> f64 {
+        millis_to_secs(self.0)
+    }
+}
+
+/// A duration or offset in milliseconds as seconds, with fractions: the one conversion
+/// behind every seconds-valued metric and explanation.
+pub fn millis_to_secs(ms: i64) -> f64 {
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "exact to the millisecond below 2^52 ms, about 142,000 years"
+    )]
+    let secs = ms as f64 / 1000.0;
+    secs
 }
 
 /// The wall clock and the random draw that the request path, the policy store, the admin

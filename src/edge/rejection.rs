@@ -119,10 +119,6 @@ impl Explanation {
             Verdict::Shed(_) => ("shed", None),
             Verdict::WouldShed(r) => ("admit", Some(r.as_str())),
         };
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "event ages in milliseconds stay far below 2^52"
-        )]
         Explanation {
             decision: verdict,
             reason: decision.rule.as_str(),
@@ -141,7 +137,7 @@ impl Explanation {
             rank: decision.rank.get(),
             probability: decision.probability,
             pressure: decision.pressure.get(),
-            age_seconds: decision.age_ms.map(|ms| ms as f64 / 1000.0),
+            age_seconds: decision.age_ms.map(crate::clock::millis_to_secs),
             policy_version: policy.version().to_owned(),
         }
     }

@@ -440,11 +440,7 @@ impl Metrics {
         let version = policy.version();
         self.reload_success.increment(1);
         self.reload_ok.set(1.0);
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "unix milliseconds stay far below 2^52 until the year 144,000"
-        )]
-        self.last_reload.set(now.0 as f64 / 1000.0);
+        self.last_reload.set(now.as_secs_f64());
         let gauge = self.recorder.register_gauge(
             &Key::from_parts(POLICY_INFO, vec![Label::new("version", version.to_owned())]),
             &metadata(),
@@ -470,12 +466,8 @@ impl Metrics {
     pub fn export_disabled(&self, policy: &Policy, now: crate::clock::UnixMillis) {
         use crate::policy::{Class, Disable};
         let mut live: Vec<((&'static str, String), f64)> = Vec::new();
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "unix milliseconds stay far below 2^52 until the year 144,000"
-        )]
         let value = |d: Disable| match d {
-            Disable::Until(t) => t.0 as f64 / 1000.0,
+            Disable::Until(t) => t.as_secs_f64(),
             _ => f64::INFINITY,
         };
         for s in policy.streams() {
@@ -511,11 +503,7 @@ impl Metrics {
     pub fn policy_reload_failed(&self, now: crate::clock::UnixMillis) {
         self.reload_failure.increment(1);
         self.reload_ok.set(0.0);
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "unix milliseconds stay far below 2^52 until the year 144,000"
-        )]
-        self.last_reload.set(now.0 as f64 / 1000.0);
+        self.last_reload.set(now.as_secs_f64());
     }
 
     /// Records an upstream latency sample.

@@ -177,11 +177,7 @@ impl PolicyMetrics {
     /// Records an event's age at its decision, milliseconds (negative: a time in the future).
     pub fn event_age(&self, stream: Option<StreamId>, age_ms: i64) {
         let slot = self.slot(stream);
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "ages in milliseconds stay far below 2^52"
-        )]
-        let secs = age_ms as f64 / 1000.0;
+        let secs = crate::clock::millis_to_secs(age_ms);
         self.ages[slot]
             .get_or_init(|| {
                 self.metrics.histogram(

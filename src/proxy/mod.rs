@@ -78,11 +78,7 @@ impl Shared {
             return;
         };
         if let Some(ms) = self.skew.estimate() {
-            #[expect(
-                clippy::cast_precision_loss,
-                reason = "offsets in milliseconds stay far below 2^52"
-            )]
-            metrics.clock_offset.set(ms as f64 / 1000.0);
+            metrics.clock_offset.set(crate::clock::millis_to_secs(ms));
         }
         metrics
             .clock_corrected
