@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use crate::policy::{Policy, UNCONFIGURED_AREA, UNKNOWN_STREAM};
+use crate::policy::Policy;
 
 /// The label values of the live policy.
 #[derive(Debug, Default)]
@@ -20,18 +20,11 @@ pub(super) struct LiveNames {
 impl LiveNames {
     /// The names `policy` labels series with, the reserved ones included.
     pub(super) fn of(policy: &Policy) -> Self {
-        let mut streams: HashSet<String> =
-            policy.streams().iter().map(|s| s.name.clone()).collect();
-        streams.insert(UNKNOWN_STREAM.to_owned());
-        let mut areas: HashSet<String> = policy.areas().iter().map(|a| a.name.clone()).collect();
-        areas.insert(UNCONFIGURED_AREA.to_owned());
-        let mut routes: HashSet<String> =
-            policy.routes().iter().map(|r| r.prefix.clone()).collect();
-        routes.insert(super::NO_ROUTE.to_owned());
+        let names = super::per_policy::LabelNames::of(policy);
         LiveNames {
-            streams,
-            areas,
-            routes,
+            streams: names.streams.into_iter().collect(),
+            areas: names.areas.into_iter().collect(),
+            routes: names.routes.into_iter().collect(),
             version: policy.version().to_owned(),
         }
     }

@@ -12,6 +12,38 @@ use super::{
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
 
+/// The label values a policy gives series: its stream names, area names and route prefixes
+/// in id order, each followed by the reserved name of "none of them" (`unknown`,
+/// `unconfigured`, `none`). One list for the counters and for the render filter.
+pub(super) struct LabelNames {
+    pub(super) streams: Vec<String>,
+    pub(super) areas: Vec<String>,
+    pub(super) routes: Vec<String>,
+}
+
+impl LabelNames {
+    pub(super) fn of(policy: &Policy) -> Self {
+        let with = |mut names: Vec<String>, reserved: &str| {
+            names.push(reserved.to_owned());
+            names
+        };
+        LabelNames {
+            streams: with(
+                policy.streams().iter().map(|s| s.name.clone()).collect(),
+                UNKNOWN_STREAM,
+            ),
+            areas: with(
+                policy.areas().iter().map(|a| a.name.clone()).collect(),
+                UNCONFIGURED_AREA,
+            ),
+            routes: with(
+                policy.routes().iter().map(|r| r.prefix.clone()).collect(),
+                NO_ROUTE,
+            ),
+        }
+    }
+}
+
 /// Per-policy counters, labelled with the policy's stream and area names and registered the
 /// first time each label set is used (a policy of many areas would otherwise export
 /// thousands of zero series).
@@ -46,14 +78,11 @@ impl std::fmt::Debug for PolicyMetrics {
 impl PolicyMetrics {
     /// Tables for `policy`'s streams (plus `unknown`) and areas (plus `unconfigured`).
     pub fn new(metrics: &Arc<Metrics>, policy: &Policy) -> Self {
-        let mut stream_names: Vec<String> =
-            policy.streams().iter().map(|s| s.name.clone()).collect();
-        stream_names.push(UNKNOWN_STREAM.to_owned());
-        let mut area_names: Vec<String> = policy.areas().iter().map(|a| a.name.clone()).collect();
-        area_names.push(UNCONFIGURED_AREA.to_owned());
-        let mut route_names: Vec<String> =
-            policy.routes().iter().map(|r| r.prefix.clone()).collect();
-        route_names.push(NO_ROUTE.to_owned());
+        let LabelNames {
+            streams: stream_names,
+            areas: area_names,
+            routes: route_names,
+        } = LabelNames::of(policy);
         let slots = stream_names.len();
         let sheds = (0..slots * area_names.len() * ShedReason::ALL.len() * 2)
             .map(|_| OnceLock::new())
@@ -86,6 +115,17 @@ impl PolicyMetrics {
         &self.metrics
     }
 
+    /// The route's label index (`none` last).
+    fn route_slot(&self, route: Option<usize>) -> usize {
+        let none = self.route_names.len() - 1;
+        route.filter(|r| *r < none).unwrap_or(none)
+    }
+
+    /// The area's label index (`unconfigured` last).
+    fn area_slot(&self, area: Option<AreaId>) -> usize {
+        area.map_or(self.area_names.len() - 1, AreaId::index)
+    }
+
     fn slot(&self, stream: Option<StreamId>) -> usize {
         stream.map_or(self.stream_names.len() - 1, StreamId::index)
     }
@@ -115,7 +155,7 @@ impl PolicyMetrics {
             Verdict::WouldShed(r) => (r, true),
         };
         let slot = self.slot(stream);
-        let area = area.map_or(self.area_names.len() - 1, AreaId::index);
+        let area = self.area_slot(area);
         let i = ((usize::from(would) * self.stream_names.len() + slot) * self.area_names.len()
             + area)
             * ShedReason::ALL.len()
@@ -144,8 +184,7 @@ impl PolicyMetrics {
     /// up on its own route.
     pub fn unreadable(&self, stream: Option<StreamId>, route: Option<usize>, fact: Fact) {
         let slot = self.slot(stream);
-        let none = self.route_names.len() - 1;
-        let r = route.filter(|r| *r < none).unwrap_or(none);
+        let r = self.route_slot(route);
         self.unreadable[slot * self.route_names.len() + r][fact as usize]
             .get_or_init(|| {
                 self.metrics.counter(
@@ -162,8 +201,7 @@ impl PolicyMetrics {
 
     /// Counts an opaque envelope that came on `route` (an index into the policy's routes).
     pub fn opaque(&self, route: Option<usize>) {
-        let none = self.route_names.len() - 1;
-        let r = route.filter(|r| *r < none).unwrap_or(none);
+        let r = self.route_slot(route);
         self.opaque[r]
             .get_or_init(|| {
                 self.metrics.counter(
@@ -191,7 +229,7 @@ impl PolicyMetrics {
     /// Counts a sheddable request the decision admitted, by stream and area.
     pub fn admitted(&self, stream: Option<StreamId>, area: Option<AreaId>) {
         let slot = self.slot(stream);
-        let area = area.map_or(self.area_names.len() - 1, AreaId::index);
+        let area = self.area_slot(area);
         self.admitted[slot * self.area_names.len() + area]
             .get_or_init(|| {
                 self.metrics.counter(
