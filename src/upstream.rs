@@ -322,22 +322,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Forwarding headers a client could use to claim an address, host, path or scheme it does
 /// not have (the de facto set frameworks read: Rack's `X-Forwarded-Ssl` and
 /// `X-Forwarded-Scheme`, IIS's `Front-End-Https`, CDNs' `True-Client-IP`): kept (and
-/// extended) only from trusted peers.
-const FORWARDING: [&str; 14] = [
-    "forwarded",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "x-forwarded-port",
-    "x-forwarded-prefix",
-    "x-forwarded-server",
-    "x-forwarded-ssl",
-    "x-forwarded-scheme",
-    "x-url-scheme",
-    "front-end-https",
-    "x-real-ip",
-    "x-client-ip",
-    "true-client-ip",
+/// extended) only from trusted peers. Names built at compile time: removing them from an
+/// untrusted peer's request parses nothing per request.
+const FORWARDING: [HeaderName; 14] = [
+    HeaderName::from_static("forwarded"),
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-url-scheme"),
+    HeaderName::from_static("front-end-https"),
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("true-client-ip"),
 ];
 
 /// Sets the forwarding headers for a request from `client`.
@@ -354,7 +355,7 @@ const FORWARDING: [&str; 14] = [
 pub fn add_forwarding_headers(headers: &mut HeaderMap, client: IpAddr, trusted: bool) {
     let client = client.to_canonical();
     if !trusted {
-        for name in FORWARDING {
+        for name in &FORWARDING {
             headers.remove(name);
         }
     }
