@@ -16,7 +16,9 @@ pub enum Local {
     ServerOptions,
 }
 
-/// Requests the proxy must never forward, answered here:
+/// Requests the proxy must never forward, answered here, in this order:
+/// - a header line over `--max-header-line` (flagged by the framing guard): 431;
+/// - no `Host` or several on HTTP/1.1 ([`bad_host`]): 400;
 /// - `CONNECT` (a tunnel to any host the proxy can reach) and `TRACE` (which echoes the
 ///   request, credentials included, back to whoever sent it): 405 with `Allow` and
 ///   `Connection: close`, since a `CONNECT` client may follow with tunnel bytes;
@@ -31,6 +33,14 @@ pub enum Local {
 /// replaces `Host` (RFC 9112 section 3.2.2: a server ignores `Host` then), so the upstream
 /// routes on what the request line says.
 pub fn local_answer<B>(req: &mut Request<B>) -> Option<Local> {
+    if let Some(too_long) = req.extensions().get::<super::framing::HeaderLineTooLong>() {
+        return Some(Local::Reject(Box::new(Rejection::HeaderLineTooLong(
+            too_long.0,
+        ))));
+    }
+    if let Some(rejection) = bad_host(req) {
+        return Some(Local::Reject(Box::new(rejection)));
+    }
     if req.method() == Method::CONNECT || req.method() == Method::TRACE {
         return Some(Local::Reject(Box::new(Rejection::MethodNotAllowed(
             req.method().clone(),

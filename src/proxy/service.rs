@@ -64,16 +64,6 @@ where
         {
             return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
         }
-        if let Some(too_long) = req
-            .extensions()
-            .get::<crate::edge::framing::HeaderLineTooLong>()
-        {
-            let rejection = Rejection::HeaderLineTooLong(too_long.0);
-            return ResponseFuture::ready(reject(&snapshot, None, rejection));
-        }
-        if let Some(rejection) = crate::edge::target::bad_host(&req) {
-            return ResponseFuture::ready(reject(&snapshot, None, rejection));
-        }
         match crate::edge::target::local_answer(&mut req) {
             Some(Local::Reject(rejection)) => {
                 return ResponseFuture::ready(reject(&snapshot, None, *rejection));
