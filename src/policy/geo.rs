@@ -96,13 +96,22 @@ impl Regions {
         }
     }
 
+    /// The regions `feature` selects (all without one), with their index in the file.
+    fn selected<'a>(
+        &'a self,
+        feature: Option<&'a str>,
+    ) -> impl Iterator<Item = (usize, &'a Region)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| feature.is_none_or(|want| r.name.as_deref() == Some(want)))
+    }
+
     /// Positions in the rings of the features `feature` selects (all without one): what
     /// tiling them costs.
     pub fn positions(&self, feature: Option<&str>) -> usize {
-        self.0
-            .iter()
-            .filter(|r| feature.is_none_or(|want| r.name.as_deref() == Some(want)))
-            .filter_map(|r| match &r.geometry {
+        self.selected(feature)
+            .filter_map(|(_, r)| match &r.geometry {
                 Some(Geometry::Polygons(ps)) => Some(ps),
                 _ => None,
             })
@@ -149,15 +158,13 @@ const NEAR_ANTIMERIDIAN: f64 = 150.0;
 pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionError> {
     let mut geometries: Vec<(String, &Geometry)> = Vec::new();
     let mut matched = false;
-    for (i, region) in regions.0.iter().enumerate() {
-        if feature.is_none_or(|want| region.name.as_deref() == Some(want)) {
-            matched = true;
-            let label = region
-                .name
-                .as_ref()
-                .map_or_else(|| format!("#{i}"), |n| format!("{n:?}"));
-            geometries.extend(region.geometry.as_ref().map(|g| (label, g)));
-        }
+    for (i, region) in regions.selected(feature) {
+        matched = true;
+        let label = region
+            .name
+            .as_ref()
+            .map_or_else(|| format!("#{i}"), |n| format!("{n:?}"));
+        geometries.extend(region.geometry.as_ref().map(|g| (label, g)));
     }
     if let (Some(want), false) = (feature, matched) {
         return Err(RegionError::NoFeature(want.to_owned()));
@@ -175,6 +182,12 @@ pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionErr
         for polygon in polygons {
             let mut polygon = polygon.clone();
             check_edges(&polygon, &label, &mut warnings)?;
+            // As h3o reads the edges: for the crossing check and the area, unwrapped once
+            // (kept as open lines: a ring around a pole does not close once unwrapped).
+            let rings: Vec<geo_types::LineString<f64>> = std::iter::once(polygon.exterior())
+                .chain(polygon.interiors())
+                .map(unwrapped)
+                .collect();
             let longest = std::iter::once(polygon.exterior())
                 .chain(polygon.interiors())
                 .map(|r| r.0.len())
@@ -185,12 +198,12 @@ pub fn tile(regions: &Regions, feature: Option<&str>) -> Result<Tiled, RegionErr
                     "feature {label}: a ring of {longest} positions is not checked for crossing \
                      itself (only rings of up to {MAX_CHECKED_RING} are)"
                 ));
-            } else if crosses_itself(&polygon) {
+            } else if crosses_itself(&rings) {
                 return Err(RegionError::SelfIntersecting(label));
             }
             normalise(&mut polygon)?;
             own_area_km2 = own_area_km2
-                .zip(spherical_area_km2(&polygon))
+                .zip(spherical_area_km2(rings))
                 .map(|(a, b)| a + b);
             tiler
                 .add(polygon)
@@ -252,29 +265,26 @@ fn check_edges(
     Ok(())
 }
 
-/// Whether a ring of `polygon` crosses itself: two of its segments cross at a point inside
-/// both (geo's sweep-line `Intersections`). Rings that only touch themselves at a vertex, or
+/// Whether one of a polygon's `rings` (longitudes unwrapped, see [`unwrapped`]: a ring across the
+/// antimeridian is checked as h3o reads it, and a ring around a pole stays open, its coast
+/// checked as a line) crosses itself: two of its segments cross at a point inside both
+/// (geo's sweep-line `Intersections`). Rings that only touch themselves at a vertex, or
 /// run back along a segment (spikes, common in real outlines such as Natural Earth's
 /// Antarctica), still have a defined inside and are kept.
-fn crosses_itself(polygon: &geo_types::Polygon<f64>) -> bool {
+fn crosses_itself(rings: &[geo_types::LineString<f64>]) -> bool {
     use geo::algorithm::sweep::Intersections;
     use geo::line_intersection::LineIntersection;
-    std::iter::once(polygon.exterior())
-        .chain(polygon.interiors())
-        .any(|ring| {
-            // Unwrapped, a ring across the antimeridian is checked as h3o reads it (a ring
-            // around a pole stays open, and its coast is checked as a line).
-            let ring = unwrapped(ring);
-            Intersections::from_iter(ring.lines().map(Segment)).any(|(_, _, hit)| {
-                matches!(
-                    hit,
-                    LineIntersection::SinglePoint {
-                        is_proper: true,
-                        ..
-                    }
-                )
-            })
+    rings.iter().any(|ring| {
+        Intersections::from_iter(ring.lines().map(Segment)).any(|(_, _, hit)| {
+            matches!(
+                hit,
+                LineIntersection::SinglePoint {
+                    is_proper: true,
+                    ..
+                }
+            )
         })
+    })
 }
 
 /// A ring segment, for [`crosses_itself`].
@@ -291,21 +301,19 @@ impl geo::algorithm::sweep::Cross for Segment {
 
 /// The polygon's area on a sphere, km² (Chamberlain and Duquette, "Some algorithms for
 /// polygons on a sphere", JPL 2007, via geo).
-/// Longitudes are unwrapped first (each step taken the short way, as h3o reads an edge), so
-/// a ring across the antimeridian is measured as the region h3o tiles; `None` for a ring
-/// around a pole.
-fn spherical_area_km2(polygon: &geo_types::Polygon<f64>) -> Option<f64> {
+/// The rings (exterior first) have their longitudes unwrapped (each step taken the short
+/// way, as h3o reads an edge), so a ring across the antimeridian is measured as the region
+/// h3o tiles; `None` for a ring around a pole.
+fn spherical_area_km2(rings: Vec<geo_types::LineString<f64>>) -> Option<f64> {
     use geo::ChamberlainDuquetteArea;
-    let exterior = unwrapped(polygon.exterior());
+    let mut rings = rings.into_iter();
+    let exterior = rings.next()?;
     // A ring around a pole does not close once unwrapped: its area is not the ring's.
     if exterior.0.first() != exterior.0.last() {
         return None;
     }
-    let unwrapped = geo_types::Polygon::new(
-        exterior,
-        polygon.interiors().iter().map(unwrapped).collect(),
-    );
-    Some(unwrapped.chamberlain_duquette_unsigned_area() / 1e6)
+    let polygon = geo_types::Polygon::new(exterior, rings.collect());
+    Some(polygon.chamberlain_duquette_unsigned_area() / 1e6)
 }
 
 /// `ring` with each longitude step taken the short way (at most 180°), as h3o reads an edge.
