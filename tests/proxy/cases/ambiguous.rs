@@ -5,12 +5,8 @@
 
 use super::*;
 
-fn ambiguous_count(m: &str) -> f64 {
-    metric(
-        m,
-        "shedgate_unreadable_facts_total",
-        &[("fact", "ambiguous")],
-    )
+async fn ambiguous_count(s: &Setup) -> f64 {
+    unreadable(s, &[("fact", "ambiguous")]).await
 }
 
 /// Two `X-Stream` values, sheddable first, never second: unknown, so forwarded at 0.99
@@ -40,7 +36,7 @@ async fn case_duplicate_stream_header() {
     );
     pin(&s.proxy, 0.99).await;
     assert_eq!(exchange(&s.proxy, same.as_bytes()).await.status, 503);
-    assert_eq!(ambiguous_count(&scrape(&s.proxy).await), 2.0);
+    assert_eq!(ambiguous_count(&s).await, 2.0);
 }
 
 /// The time key twice, fresh then 10 minutes old: unreadable, so not stale (forwarded at 0.3,
@@ -62,12 +58,8 @@ async fn case_duplicate_time_key() {
         .replacen("FRESH", &stale, 1);
     assert_ne!(swapped, text);
     assert_forwarded_bytes(&s, case, swapped.as_bytes(), 0.3).await;
-    let m = scrape(&s.proxy).await;
-    assert_eq!(ambiguous_count(&m), 2.0, "{m}");
-    assert_eq!(
-        metric(&m, "shedgate_unreadable_facts_total", &[("fact", "time")]),
-        2.0
-    );
+    assert_eq!(ambiguous_count(&s).await, 2.0);
+    assert_eq!(unreadable(&s, &[("fact", "time")]).await, 2.0);
 }
 
 /// Duplicate keys in every place a fact is read: coordinates take the default rank (a
@@ -78,12 +70,6 @@ async fn case_duplicate_time_key() {
 async fn duplicate_json_keys_are_never_merged_or_picked() {
     let s = setup().await;
     let now = now_utc().unix_timestamp();
-    let send = |path: &str, stream: &str, body: String| {
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\n{stream}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
     let vp = "X-Stream: vehicle.position\r\n";
     pin(&s.proxy, 0.75).await;
     for body in [
@@ -103,9 +89,9 @@ async fn duplicate_json_keys_are_never_merged_or_picked() {
                 rfc3339(now_utc(), false),
                 &body[1..]
             );
-            send(path, "", hook)
+            post_raw(path, "", &hook)
         } else {
-            send(path, vp, body.clone())
+            post_raw(path, vp, &body)
         };
         let a = exchange(&s.proxy, req.as_bytes()).await;
         assert_eq!(a.status, 503, "{body}: default rank, shed at 0.75");
@@ -113,7 +99,7 @@ async fn duplicate_json_keys_are_never_merged_or_picked() {
     // The same key twice with the same value: Berlin, kept.
     let same = format!(r#"{{"lat":52.52,"lon":13.405,"lat":52.52,"occurred_at":{now}}}"#);
     assert_eq!(
-        exchange(&s.proxy, send("/ingest", vp, same).as_bytes())
+        exchange(&s.proxy, post_raw("/ingest", vp, &same).as_bytes())
             .await
             .status,
         200
@@ -123,7 +109,7 @@ async fn duplicate_json_keys_are_never_merged_or_picked() {
     let ot =
         format!(r#"{{"_type":"location","_type":"transition","lat":48.1,"lon":11.5,"tst":{now}}}"#);
     assert_eq!(
-        exchange(&s.proxy, send("/ingest/owntracks", "", ot).as_bytes())
+        exchange(&s.proxy, post_raw("/ingest/owntracks", "", &ot).as_bytes())
             .await
             .status,
         200
@@ -136,9 +122,13 @@ async fn duplicate_json_keys_are_never_merged_or_picked() {
         r#"{{"geometry":{{"coordinates":[13.405,52.52]}},"properties":{{"timestamp":"{old}Z"}}}}"#
     );
     let twice = format!(r#"{{"locations":[{point}],"locations":[{point}]}}"#);
-    let a = exchange(&s.proxy, send("/ingest/overland", "", twice).as_bytes()).await;
+    let a = exchange(
+        &s.proxy,
+        post_raw("/ingest/overland", "", &twice).as_bytes(),
+    )
+    .await;
     assert_eq!(a.status, 200, "not answered stale");
-    assert_eq!(ambiguous_count(&scrape(&s.proxy).await), 4.0);
+    assert_eq!(ambiguous_count(&s).await, 4.0);
 }
 
 /// Two `Host` lines, or none on HTTP/1.1: 400 with `Connection: close`, nothing forwarded, no

@@ -13,15 +13,6 @@ fn assert_explained(a: &RawAnswer, stream: &str, rank: u64) {
     assert!((-5.0..60.0).contains(&age), "{p}");
 }
 
-async fn assert_all_facts_read(s: &Setup) {
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(&m, "shedgate_unreadable_facts_total", &[]),
-        0.0,
-        "{m}"
-    );
-}
-
 #[tokio::test]
 async fn format_owntracks_location() {
     let s = setup().await;
@@ -258,9 +249,10 @@ async fn standard_webhooks_delivery_time_is_not_the_event_time() {
         rfc3339(hour_ago, false)
     );
     let now = now_utc().unix_timestamp();
-    let req = format!(
-        "POST /ingest/hooks HTTP/1.1\r\nHost: x\r\nwebhook-id: m1\r\nwebhook-timestamp: {now}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+    let req = post_raw(
+        "/ingest/hooks",
+        &format!("webhook-id: m1\r\nwebhook-timestamp: {now}\r\n"),
+        &body,
     );
     let a = exchange(&s.proxy, req.as_bytes()).await;
     assert_eq!(a.status, 202);
@@ -281,10 +273,7 @@ async fn overland_batch_with_one_fresh_point_is_not_stale() {
     };
     let send_batch = |points: Vec<String>| {
         let body = format!(r#"{{"locations":[{}]}}"#, points.join(","));
-        format!(
-            "POST /ingest/overland HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
+        post_raw("/ingest/overland", "", &body)
     };
     let stale_and_fresh = send_batch(vec![point(11.57, 48.13, 600), point(11.58, 48.14, 1)]);
     assert_eq!(
@@ -309,10 +298,7 @@ async fn unreadable_bodies_are_admitted_and_counted() {
     let s = setup().await;
     pin(&s.proxy, 0.3).await;
     for body in ["not json at all", "{\"lat\": 52.5, \"lon\"", "[1,2,3]"] {
-        let req = format!(
-            "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_raw("/ingest", "X-Stream: vehicle.position\r\n", body);
         assert_eq!(
             exchange(&s.proxy, req.as_bytes()).await.status,
             200,
@@ -341,10 +327,7 @@ async fn implausible_times_are_not_believed() {
         "\"2099-01-01T00:00:00Z\"",
     ] {
         let body = format!(r#"{{"lat":48.1,"lon":11.5,"occurred_at":{t}}}"#);
-        let req = format!(
-            "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_raw("/ingest", "X-Stream: vehicle.position\r\n", &body);
         assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200, "{t}");
     }
     let m = scrape(&s.proxy).await;

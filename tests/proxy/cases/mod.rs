@@ -95,6 +95,29 @@ fn render(name: &str) -> Vec<u8> {
     format!("{head}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
 }
 
+/// A raw `POST target` with `Host: x`, the given header lines (each ending in CRLF), and
+/// `body` with its `Content-Length`.
+fn post_raw(target: &str, headers: &str, body: &str) -> String {
+    format!(
+        "POST {target} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// `shedgate_unreadable_facts_total` with these labels, summed, as the proxy reports it now.
+async fn unreadable(s: &Setup, labels: &[(&str, &str)]) -> f64 {
+    metric(
+        &scrape(&s.proxy).await,
+        "shedgate_unreadable_facts_total",
+        labels,
+    )
+}
+
+/// No fact of any request so far was unreadable.
+async fn assert_all_facts_read(s: &Setup) {
+    assert_eq!(unreadable(s, &[]).await, 0.0);
+}
+
 /// Whether a Standard Webhooks v1 signature over the received bytes verifies.
 fn signature_verifies(r: &Recorded) -> bool {
     let h = |n: &str| {
@@ -285,15 +308,7 @@ async fn case_swapped_coordinates() {
     let p: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
     assert_eq!(p["area"], "unconfigured");
     assert_eq!(p["rank"], 50);
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_unreadable_facts_total",
-            &[("fact", "coordinates")]
-        ),
-        1.0
-    );
+    assert_eq!(unreadable(&s, &[("fact", "coordinates")]).await, 1.0);
 }
 
 #[tokio::test]
@@ -302,15 +317,7 @@ async fn case_non_finite_coordinates() {
     let a = assert_shed(&s, "faults/non-finite-coordinates.http", 0.75).await;
     let p: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
     assert_eq!(p["rank"], 50);
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_unreadable_facts_total",
-            &[("fact", "coordinates")]
-        ),
-        1.0
-    );
+    assert_eq!(unreadable(&s, &[("fact", "coordinates")]).await, 1.0);
 }
 
 #[tokio::test]
@@ -319,23 +326,14 @@ async fn case_number_out_of_range() {
     assert_shed(&s, "faults/number-out-of-range.http", 0.75).await;
     let r = assert_forwarded(&s, "faults/number-out-of-range.http", 0.3).await;
     assert!(r.body.windows(5).any(|w| w == b"1e400"), "body unchanged");
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(
-            &m,
-            "shedgate_unreadable_facts_total",
-            &[("fact", "coordinates")]
-        ),
-        2.0
-    );
+    assert_eq!(unreadable(&s, &[("fact", "coordinates")]).await, 2.0);
 }
 
 #[tokio::test]
 async fn case_numbers_as_strings() {
     let s = setup().await;
     assert_forwarded(&s, "faults/numbers-as-strings.http", 0.75).await;
-    let m = scrape(&s.proxy).await;
-    assert_eq!(metric(&m, "shedgate_unreadable_facts_total", &[]), 0.0);
+    assert_all_facts_read(&s).await;
 }
 
 #[tokio::test]

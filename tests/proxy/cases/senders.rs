@@ -26,10 +26,7 @@ async fn stale_answers_are_success_in_the_senders_own_protocol() {
         r#"{{"lat":48.1,"lon":11.5,"occurred_at":{}}}"#,
         now_utc().unix_timestamp() - 600
     );
-    let req = format!(
-        "POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = post_raw("/ingest", "X-Stream: vehicle.position\r\n", &body);
     let a = exchange(&s.proxy, req.as_bytes()).await;
     assert_eq!(a.status, 202);
     assert_eq!(a.header("content-type"), Some("application/problem+json"));
@@ -73,10 +70,7 @@ stale_body = '{"status":"accepted"}'
         r#"{{"_type":"location","lat":48.1,"lon":11.5,"tst":{}}}"#,
         now_utc().unix_timestamp() - 600
     );
-    let req = format!(
-        "POST /ingest/fleet HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = post_raw("/ingest/fleet", "", &body);
     let a = exchange(&proxy, req.as_bytes()).await;
     assert_eq!(a.status, 202);
     assert_eq!(a.body, br#"{"status":"accepted"}"#);
@@ -135,12 +129,7 @@ async fn osmand_positions_in_the_query_string() {
         target,
         "the query is forwarded unchanged"
     );
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(&m, "shedgate_unreadable_facts_total", &[]),
-        0.0,
-        "{m}"
-    );
+    assert_all_facts_read(&s).await;
 }
 
 /// The same OsmAnd position as a form body, as Traccar Client's JSON, and with the
@@ -191,27 +180,20 @@ async fn osmand_positions_in_a_form_body_or_traccar_client_json() {
         } else {
             format!("Content-Type: {content_type}\r\n")
         };
-        let req = format!(
-            "POST /ingest/osmand{query} HTTP/1.1\r\nHost: x\r\n{ct}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_raw(&format!("/ingest/osmand{query}"), &ct, body);
         let r = assert_forwarded_bytes(&s, "osmand", req.as_bytes(), 0.75).await;
         assert_eq!(r.body, body.as_bytes(), "{query} {body}");
     }
     pin(&s.proxy, 0.0).await;
     let stale = format!("id=4711&lat=52.52&lon=13.405&timestamp={}", unix - 600);
-    let req = format!(
-        "POST /ingest/osmand HTTP/1.1\r\nHost: x\r\nContent-Type: {form}\r\nContent-Length: {}\r\n\r\n{stale}",
-        stale.len()
+    let req = post_raw(
+        "/ingest/osmand",
+        &format!("Content-Type: {form}\r\n"),
+        &stale,
     );
     let a = exchange(&s.proxy, req.as_bytes()).await;
     assert_eq!((a.status, a.header("x-shed-reason")), (202, Some("stale")));
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(&m, "shedgate_unreadable_facts_total", &[]),
-        0.0,
-        "{m}"
-    );
+    assert_all_facts_read(&s).await;
 }
 
 /// Unreadable facts are counted by route, so a sender whose format changed shows up on its
@@ -227,10 +209,7 @@ async fn unreadable_facts_are_counted_by_route() {
     );
     assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200);
     let body = "{}";
-    let req = format!(
-        "POST /other HTTP/1.1\r\nHost: x\r\nX-Stream: vehicle.position\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = post_raw("/other", "X-Stream: vehicle.position\r\n", body);
     assert_eq!(exchange(&s.proxy, req.as_bytes()).await.status, 200);
     let m = scrape(&s.proxy).await;
     let count = |route: &str, fact: &str| {
@@ -258,12 +237,7 @@ async fn case_bom_body() {
         r.body.starts_with(b"\xEF\xBB\xBF{"),
         "forwarded with the BOM"
     );
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(&m, "shedgate_unreadable_facts_total", &[]),
-        0.0,
-        "{m}"
-    );
+    assert_all_facts_read(&s).await;
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -305,12 +279,7 @@ async fn gzip_bodies_are_read_inflated_and_forwarded_compressed() {
     // Brotli is not read: default rank (shed at 0.75), its body counted unreadable.
     let a = exchange(&s.proxy, &send("br", b"\x0b\x02\x80{}\x03")).await;
     assert_eq!(a.status, 503);
-    let m = scrape(&s.proxy).await;
-    assert_eq!(
-        metric(&m, "shedgate_unreadable_facts_total", &[("fact", "body")]),
-        1.0,
-        "{m}"
-    );
+    assert_eq!(unreadable(&s, &[("fact", "body")]).await, 1.0);
 }
 
 /// An encrypted OwnTracks envelope may hold a transition: never shed (forwarded at 1.0),
