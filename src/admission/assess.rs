@@ -8,7 +8,7 @@ use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 
 use super::summarise;
-use crate::extract::headers::{HeaderRead, read_one};
+use crate::extract::headers::{Stated, read_one};
 use crate::extract::time::parse_time_text;
 use crate::extract::{Coordinates, EventFacts, EventTime, Extractor, Facts};
 use crate::policy::{Policy, StreamId};
@@ -95,14 +95,14 @@ pub fn assess(
     // CloudEvents binary mode: the time is an attribute header, not in the data.
     if let Some(h) = time_header {
         let time = match read_one(headers, h) {
-            HeaderRead::Absent => None,
-            HeaderRead::One(v) => Some(
+            Stated::Absent => None,
+            Stated::One(v) => Some(
                 v.to_str()
                     .ok()
                     .and_then(parse_time_text)
                     .map_or(EventTime::Invalid, EventTime::At),
             ),
-            HeaderRead::Ambiguous => {
+            Stated::Ambiguous => {
                 for e in &mut body_facts.events {
                     e.ambiguous = true;
                 }

@@ -4,6 +4,7 @@
 //! Decoding (`+` and percent-escapes) is the `form_urlencoded` crate's (the WHATWG URL
 //! standard's `application/x-www-form-urlencoded` parser, from the servo `url` family).
 
+use super::headers::Stated;
 use super::time::parse_param_time;
 use super::{Coordinates, EventFacts, EventTime};
 
@@ -20,25 +21,6 @@ pub struct ParamKeys {
     pub time: Vec<String>,
 }
 
-/// What one key was given: nothing, one value, or different values (ambiguous: never a
-/// guess between them).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Given {
-    Absent,
-    One(String),
-    Conflicting,
-}
-
-impl Given {
-    fn add(&mut self, value: &str) {
-        *self = match std::mem::replace(self, Given::Absent) {
-            Given::Absent => Given::One(value.to_owned()),
-            Given::One(v) if v == value => Given::One(v),
-            _ => Given::Conflicting,
-        };
-    }
-}
-
 impl ParamKeys {
     /// The keys as written, for `GET /policy`.
     pub fn describe(&self) -> serde_json::Value {
@@ -49,9 +31,9 @@ impl ParamKeys {
     /// none of the keys appears, so the caller can look elsewhere. A key given twice with
     /// different values is unreadable, never a choice between them.
     pub fn read(&self, text: &[u8]) -> Option<EventFacts> {
-        let mut lat = Given::Absent;
-        let mut lon = Given::Absent;
-        let mut times = vec![Given::Absent; self.time.len()];
+        let mut lat = Stated::Absent;
+        let mut lon = Stated::Absent;
+        let mut times = vec![Stated::Absent; self.time.len()];
         let mut any = false;
         for (key, value) in form_urlencoded::parse(text) {
             let slot = if key == self.lat {
@@ -64,17 +46,17 @@ impl ParamKeys {
                 continue;
             };
             any = true;
-            slot.add(&value);
+            *slot = std::mem::replace(slot, Stated::Absent).and(value.into_owned());
         }
         if !any {
             return None;
         }
-        let number = |g: &Given| match g {
-            Given::One(v) => v.trim().parse::<f64>().ok(),
+        let number = |g: &Stated<String>| match g {
+            Stated::One(v) => v.trim().parse::<f64>().ok(),
             _ => None,
         };
         let coordinates = match (&lat, &lon) {
-            (Given::Absent, _) | (_, Given::Absent) => Coordinates::Missing,
+            (Stated::Absent, _) | (_, Stated::Absent) => Coordinates::Missing,
             (a, b) => match (number(a), number(b)) {
                 (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
                 _ => Coordinates::Invalid,
@@ -83,21 +65,21 @@ impl ParamKeys {
         let mut time = EventTime::Missing;
         for given in &times {
             match given {
-                Given::Absent => {}
-                Given::One(v) => match parse_param_time(v) {
+                Stated::Absent => {}
+                Stated::One(v) => match parse_param_time(v) {
                     Some(at) => {
                         time = EventTime::At(at);
                         break;
                     }
                     None => time = EventTime::Invalid,
                 },
-                Given::Conflicting => time = EventTime::Invalid,
+                Stated::Ambiguous => time = EventTime::Invalid,
             }
         }
         let ambiguous = [&lat, &lon]
             .into_iter()
             .chain(&times)
-            .any(|g| *g == Given::Conflicting);
+            .any(|g| *g == Stated::Ambiguous);
         Some(EventFacts {
             coordinates,
             time,

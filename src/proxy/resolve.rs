@@ -4,7 +4,7 @@
 use http::{HeaderName, Request};
 
 use crate::admission::Reading;
-use crate::extract::headers::{HeaderRead, read_one};
+use crate::extract::headers::{Stated, read_one};
 use crate::policy::path::route_path;
 use crate::policy::{Policy, StreamId, StreamSource};
 
@@ -28,15 +28,15 @@ pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &Head
     });
     let source = route.map(|(i, j)| &policy.routes()[i].mode_at(j).stream);
     // A header stated twice, differently, names no stream: unknown, so never shed.
-    let mut ambiguous = content_type == HeaderRead::Ambiguous;
+    let mut ambiguous = content_type == Stated::Ambiguous;
     let mut header_value = |name: &http::HeaderName| match read_one(headers, name) {
-        HeaderRead::One(v) => v
+        Stated::One(v) => v
             .to_str()
             .ok()
             .map(str::trim)
             .filter(|v| v.len() <= MAX_STREAM_LEN),
-        HeaderRead::Absent => None,
-        HeaderRead::Ambiguous => {
+        Stated::Absent => None,
+        Stated::Ambiguous => {
             ambiguous = true;
             None
         }
