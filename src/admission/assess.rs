@@ -8,6 +8,7 @@ use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 
 use super::summarise;
+use crate::extract::formats::media_type;
 use crate::extract::headers::{Stated, read_one};
 use crate::extract::time::parse_time_text;
 use crate::extract::{Coordinates, EventFacts, EventTime, Extractor, Facts};
@@ -71,14 +72,7 @@ pub fn assess(
         (None, None) => (&*DEFAULT_EXTRACTOR, None),
     };
     let form = read_one(headers, CONTENT_TYPE).value().is_some_and(|v| {
-        let essence = v
-            .as_bytes()
-            .split(|b| *b == b';')
-            .next()
-            .unwrap_or_default();
-        essence
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
+        media_type(v.as_bytes()).eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
     });
     let mut body_facts = extractor.extract_request(query, form, body);
     if body_facts.ambiguous {

@@ -68,16 +68,29 @@ impl ContentMode {
 
     /// The mode a `Content-Type` value selects.
     pub fn of(content_type: Option<&[u8]>) -> Self {
-        let ct = content_type
-            .map(|v| String::from_utf8_lossy(v).to_ascii_lowercase())
-            .unwrap_or_default();
-        let essence = ct.split(';').next().unwrap_or("").trim();
-        match essence {
-            "application/cloudevents-batch+json" => ContentMode::Batched,
-            e if e.starts_with("application/cloudevents") => ContentMode::Structured,
-            _ => ContentMode::Binary,
+        let essence = content_type.map(media_type).unwrap_or_default();
+        let structured = b"application/cloudevents";
+        if essence.eq_ignore_ascii_case(b"application/cloudevents-batch+json") {
+            ContentMode::Batched
+        } else if essence
+            .get(..structured.len())
+            .is_some_and(|e| e.eq_ignore_ascii_case(structured))
+        {
+            ContentMode::Structured
+        } else {
+            ContentMode::Binary
         }
     }
+}
+
+/// The media type of a `Content-Type` value, parameters and surrounding whitespace left out
+/// (RFC 9110 section 8.3.1); compare it case-insensitively. Borrowed: nothing is allocated.
+pub fn media_type(content_type: &[u8]) -> &[u8] {
+    content_type
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii()
 }
 
 /// Where a preset takes the stream from.

@@ -168,7 +168,7 @@ where
                 Rejection::Stale {
                     explanation,
                     status: policy.stale_status(),
-                    success_body: policy.stale_body(read_as.route.map(|(i, _)| i), stream),
+                    success_body: policy.stale_body(route, stream),
                 }
             } else {
                 let secs = retry_after(pressure, shared.sources().draw(), policy.retry_after());
