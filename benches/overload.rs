@@ -4,9 +4,8 @@
 //! (c) a binary shedder (tower's `ConcurrencyLimit` + `LoadShed` at the upstream's capacity).
 //!
 //! Run: `cargo bench --bench overload` (about three minutes). Prints one table; writes
-//! `docs/overload-shedgate-10x.png` (pressure, blue, and shed share, red, per 100 ms of the
-//! 10x run; x: time, a grey line per second, the overload shaded; y: 0..1, a line per 0.1,
-//! black at 0.5).
+//! `docs/overload-shedgate-10x.png` (pressure and shed share per 100 ms of the 10x run, with
+//! title, axis labels, ticks, legend and the overload window named; see `plot`).
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(
@@ -313,54 +312,98 @@ fn recovery(secs: &[Sec]) -> String {
         .map_or(format!(">{AFTER} s"), |i| format!("{} s", i + 1))
 }
 
+/// The 10x run's picture: pressure and shed share per 100 ms, the overload window shaded and
+/// named, the 0.5 shed floor marked; title, axis labels with units, ticks and a legend in the
+/// embedded font (`shedgate::plot`).
 fn plot(samples: &[(f64, f64, f64)], path: &Path) {
     use plotters::prelude::*;
-    let root = BitMapBackend::new(path, (900, 400)).into_drawing_area();
+    use shedgate::plot::{FONT, PALETTE};
+    shedgate::plot::register_font().unwrap();
+    let root = BitMapBackend::new(path, (1100, 520)).into_drawing_area();
     root.fill(&WHITE).unwrap();
-    let t_max = samples.last().map_or(1.0, |s| s.0);
-    let mut chart = ChartBuilder::on(&root)
-        .margin(20)
+    let root = root
+        .titled(
+            &format!(
+                "shedgate at 10x the upstream's capacity ({WORKERS} workers x {} ms): pressure and shed share",
+                SERVICE.as_millis()
+            ),
+            (FONT, 22).into_font().color(&BLACK),
+        )
+        .unwrap();
+    let t_max = samples.last().map_or(1.0, |s| s.0).ceil();
+    let mut chart = ChartBuilder::on(&root.margin(6, 10, 10, 24))
+        .x_label_area_size(48)
+        .y_label_area_size(58)
         .build_cartesian_2d(0.0..t_max, 0.0..1.05)
         .unwrap();
-    // The overload phase, shaded; a light vertical line every second.
+    // The overload window, shaded and named.
+    let (from, to) = (WARM as f64, (WARM + OVERLOAD) as f64);
     chart
         .draw_series(std::iter::once(Rectangle::new(
-            [(WARM as f64, 0.0), ((WARM + OVERLOAD) as f64, 1.05)],
-            RGBColor(255, 245, 215).filled(),
+            [(from, 0.0), (to, 1.05)],
+            RGBColor(255, 240, 200).filled(),
         )))
         .unwrap();
-    for t in 0..=t_max as u32 {
-        let t = f64::from(t);
-        chart
-            .draw_series(LineSeries::new(
-                [(t, 0.0), (t, 1.05)],
-                RGBColor(235, 235, 235),
-            ))
-            .unwrap();
-    }
-    for i in 0..=10 {
-        let y = f64::from(i) / 10.0;
-        chart
-            .draw_series(LineSeries::new(
-                [(0.0, y), (t_max, y)],
-                RGBColor(230, 230, 230),
-            ))
-            .unwrap();
-    }
     chart
-        .draw_series(LineSeries::new([(0.0, 0.5), (t_max, 0.5)], BLACK))
+        .draw_series(std::iter::once(Text::new(
+            format!("overload: 10x capacity, {from:.0}-{to:.0} s"),
+            (from + 0.15, 1.02),
+            (FONT, 15).into_font().color(&RGBColor(140, 90, 0)),
+        )))
         .unwrap();
     chart
-        .draw_series(LineSeries::new(
-            samples.iter().map(|s| (s.0, s.1)),
-            BLUE.stroke_width(2),
-        ))
+        .configure_mesh()
+        .x_desc("time since the load started (s); 0.5x capacity before and after the overload")
+        .y_desc("pressure, shed share (0-1)")
+        .x_labels(t_max as usize + 1)
+        .y_labels(11)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .axis_desc_style((FONT, 16))
+        .label_style((FONT, 14))
+        .light_line_style(RGBColor(245, 245, 245))
+        .bold_line_style(RGBColor(220, 220, 220))
+        .draw()
         .unwrap();
     chart
-        .draw_series(LineSeries::new(
-            samples.iter().map(|s| (s.0, s.2)),
-            RED.stroke_width(2),
+        .draw_series(DashedLineSeries::new(
+            [(0.0, 0.5), (t_max, 0.5)],
+            8,
+            5,
+            BLACK.stroke_width(1),
         ))
+        .unwrap()
+        .label("shed floor: nothing is shed at pressure 0.5 or below")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.stroke_width(1)));
+    type Pick = fn(&(f64, f64, f64)) -> f64;
+    let series: [(&str, usize, Pick); 2] = [
+        (
+            "pressure (controller output), sampled every 100 ms",
+            0,
+            |s| s.1,
+        ),
+        ("shed share: shed / all requests in each 100 ms", 1, |s| s.2),
+    ];
+    for (label, colour, value) in series {
+        let colour = PALETTE[colour];
+        chart
+            .draw_series(LineSeries::new(
+                samples.iter().map(|s| (s.0, value(s))),
+                colour.stroke_width(2),
+            ))
+            .unwrap()
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
         .unwrap();
     root.present().unwrap();
 }

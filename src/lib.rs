@@ -48,6 +48,9 @@
 //! - `demo` (cargo feature `demo`, on by default): the self-contained demo (fixed-capacity
 //!   upstream, proxy, real geography) and the upstream simulator with the closed-loop
 //!   scenario runner (`demo::sim`).
+//! - `plot` (cargo feature `plot`, on by default): pictures for operators with an embedded
+//!   font — the policy's shed curve (`shedgate curve`) and the look the benchmarks' plots
+//!   share. Imports only [`policy`] and [`pressure`].
 
 pub mod admin;
 pub mod admission;
@@ -60,6 +63,8 @@ pub mod edge;
 pub mod extract;
 pub mod live;
 pub mod metrics;
+#[cfg(feature = "plot")]
+pub mod plot;
 pub mod policy;
 pub mod pressure;
 pub mod proxy;

@@ -1,4 +1,4 @@
-//! The `shedgate` command: `serve`, `check`, `explain`, `demo`.
+//! The `shedgate` command: `serve`, `check`, `explain`, `curve`, `demo`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +31,10 @@ enum Command {
     },
     /// Print the decision for one event, and why.
     Explain(ExplainArgs),
+    /// Draw the policy's shed curve: shed probability against area rank, one line per
+    /// pressure, with the areas and default_rank marked (PNG or SVG).
+    #[cfg(feature = "plot")]
+    Curve(CurveArgs),
     /// Run the self-contained demo: a fixed-capacity upstream, the proxy with a policy
     /// directory, and traffic from real geography at 1x, 4x, then 1x capacity.
     #[cfg(feature = "demo")]
@@ -72,6 +76,23 @@ struct ExplainArgs {
     json: bool,
 }
 
+#[cfg(feature = "plot")]
+#[derive(Debug, clap::Args)]
+struct CurveArgs {
+    /// Policy directory.
+    #[arg(long, default_value = "policies")]
+    policies: PathBuf,
+    /// The picture to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Pressures to draw, comma-separated, each 0.0-1.0 (one line each, at most 7).
+    #[arg(long, default_value = shedgate::plot::curve::DEFAULT_PRESSURES)]
+    pressures: String,
+    /// `png` or `svg` [default: from --out's extension].
+    #[arg(long)]
+    format: Option<String>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
@@ -79,6 +100,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::Check { dir } => check(&dir),
         Command::Explain(args) => explain(&args),
+        #[cfg(feature = "plot")]
+        Command::Curve(args) => curve(&args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => runtime().block_on(shedgate::demo::run(args)),
     }
@@ -149,6 +172,62 @@ fn check(dir: &std::path::Path) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Exit 0 drawn, 1 the policy is invalid or the file cannot be written, 2 a bad argument.
+#[cfg(feature = "plot")]
+fn curve(args: &CurveArgs) -> ExitCode {
+    use shedgate::plot::{self, Format};
+    let fail = |code: u8, msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::from(code)
+    };
+    let by_name = Format::from_path(&args.out);
+    let format = match (&args.format, by_name) {
+        (Some(flag), by_name) => match flag.parse::<Format>() {
+            Ok(f) if by_name.is_none_or(|n| n == f) => f,
+            Ok(f) => {
+                return fail(
+                    2,
+                    format!(
+                        "--format {f:?} but --out {} names another format",
+                        args.out.display()
+                    ),
+                );
+            }
+            Err(e) => return fail(2, format!("--format: {e}")),
+        },
+        (None, Some(f)) => f,
+        (None, None) => {
+            return fail(
+                2,
+                format!(
+                    "--out {}: name a .png or .svg file, or give --format",
+                    args.out.display()
+                ),
+            );
+        }
+    };
+    let pressures = match plot::curve::parse_pressures(&args.pressures) {
+        Ok(p) => p,
+        Err(e) => return fail(2, e.to_string()),
+    };
+    let compiled = match policy::load_dir(&args.policies) {
+        Ok(c) => c,
+        Err(e) => return fail(1, e.to_string()),
+    };
+    match plot::curve::draw(&compiled.policy, &pressures, &args.out, format) {
+        Ok(()) => {
+            println!(
+                "{}: shed curve of policy {} at {} pressure(s)",
+                args.out.display(),
+                compiled.policy.version(),
+                pressures.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, e.to_string()),
     }
 }
 

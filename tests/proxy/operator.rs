@@ -1,4 +1,4 @@
-//! What ships for operators beside the binary: the Grafana dashboard.
+//! What ships for operators beside the proxy: the Grafana dashboard and `shedgate curve`.
 
 use std::collections::BTreeSet;
 
@@ -62,4 +62,163 @@ fn the_grafana_dashboard_queries_only_declared_metrics() {
     ] {
         assert!(named.contains(wanted), "no panel shows {wanted}");
     }
+}
+
+/// Runs `shedgate ARGS`; returns the exit code, stdout and stderr.
+#[cfg(feature = "plot")]
+fn shedgate(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `shedgate curve` draws the example policy as SVG with what a reader needs in the text: the
+/// title with the policy version, the axis labels, a legend entry per pressure saying which
+/// ranks it keeps, every area and `default_rank` at their ranks. The PNG decodes at the
+/// stated size, and each pressure's colour is on it.
+#[cfg(feature = "plot")]
+#[test]
+fn the_curve_picture_names_its_policy_pressures_and_areas() {
+    use shedgate::plot::{PALETTE, curve::SIZE};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let policies = root.join("policies");
+    let version = shedgate::policy::load_dir(&policies)
+        .unwrap()
+        .policy
+        .version()
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("curve.svg");
+    let (code, out, err) = shedgate(&[
+        "curve".as_ref(),
+        "--policies".as_ref(),
+        policies.as_os_str(),
+        "--out".as_ref(),
+        svg.as_os_str(),
+        "--pressures".as_ref(),
+        "0.75,0.6".as_ref(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&version), "{out}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..80]);
+    // The text of each `<text>` element, trimmed.
+    let texts: Vec<&str> = text
+        .split("<text")
+        .skip(1)
+        .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.trim()))
+        .collect();
+    for needle in [
+        format!("Shed curve of policy {version} (enforce mode)"),
+        "area rank (1 = most important, shed last; 100 = shed first)".to_owned(),
+        "shed probability (0–1)".to_owned(),
+        "pressure 0.60: ranks ≤ 40 kept".to_owned(),
+        "pressure 0.75: ranks ≤ 25 kept".to_owned(),
+        "rank 5: berlin".to_owned(),
+        "rank 10: tokyo, new-york".to_owned(),
+        "default_rank 50: every unlisted place".to_owned(),
+    ] {
+        assert!(
+            texts.contains(&needle.as_str()),
+            "{needle:?} is not in {texts:?}"
+        );
+    }
+    // Tick values on both axes.
+    for tick in ["0.0", "0.5", "1.0", "0", "50", "100"] {
+        assert!(texts.contains(&tick), "tick {tick} is not in {texts:?}");
+    }
+
+    let png = dir.path().join("curve.png");
+    let (code, out, err) = shedgate(&[
+        "curve".as_ref(),
+        "--policies".as_ref(),
+        policies.as_os_str(),
+        "--out".as_ref(),
+        png.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let decoder = png::Decoder::new(std::fs::File::open(&png).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut pixels).unwrap();
+    assert_eq!((frame.width, frame.height), SIZE);
+    assert_eq!(frame.color_type, png::ColorType::Rgb);
+    let pixels = &pixels[..frame.buffer_size()];
+    let default_lines = shedgate::plot::curve::DEFAULT_PRESSURES.split(',').count();
+    for colour in &PALETTE[..default_lines] {
+        let n = pixels
+            .chunks_exact(3)
+            .filter(|p| *p == [colour.0, colour.1, colour.2])
+            .count();
+        assert!(n > 200, "{colour:?}: {n} pixels");
+    }
+}
+
+/// Arguments the command cannot honour are refused with exit 2 and what was wrong; a policy
+/// that does not compile is exit 1 with its error; nothing is written either way.
+#[cfg(feature = "plot")]
+#[test]
+fn the_curve_command_refuses_what_it_cannot_draw() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name).into_os_string();
+    let policies: &std::ffi::OsStr = concat!(env!("CARGO_MANIFEST_DIR"), "/policies").as_ref();
+    let cases: [(Vec<std::ffi::OsString>, i32, &str); 5] = [
+        (
+            vec![
+                "--out".into(),
+                out("a.png"),
+                "--format".into(),
+                "svg".into(),
+            ],
+            2,
+            "names another format",
+        ),
+        (
+            vec!["--out".into(), out("a")],
+            2,
+            "name a .png or .svg file",
+        ),
+        (
+            vec![
+                "--out".into(),
+                out("a.png"),
+                "--pressures".into(),
+                "0.6,1.5".into(),
+            ],
+            2,
+            "1.5 is outside [0, 1]",
+        ),
+        (
+            vec!["--out".into(), out("a"), "--format".into(), "gif".into()],
+            2,
+            "unknown picture format",
+        ),
+        (
+            vec![
+                "--out".into(),
+                out("a.svg"),
+                "--policies".into(),
+                dir.path().join("missing").into_os_string(),
+            ],
+            1,
+            "missing",
+        ),
+    ];
+    for (args, want, says) in cases {
+        let mut all: Vec<&std::ffi::OsStr> = vec!["curve".as_ref()];
+        if !args.iter().any(|a| a == "--policies") {
+            all.extend(["--policies".as_ref(), policies]);
+        }
+        all.extend(args.iter().map(|a| a.as_os_str()));
+        let (code, _, err) = shedgate(&all);
+        assert_eq!(code, want, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
