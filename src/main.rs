@@ -85,9 +85,14 @@ struct CurveArgs {
     /// The picture to write.
     #[arg(long)]
     out: PathBuf,
-    /// Pressures to draw, comma-separated, each 0.0-1.0 (one line each, at most 7).
-    #[arg(long, default_value = shedgate::plot::curve::DEFAULT_PRESSURES)]
-    pressures: String,
+    /// Pressures to draw, comma-separated, each 0.0-1.0 (one line each, at most 7)
+    /// [default: 0.55,0.6,0.7,0.75,0.8,0.9].
+    #[arg(long)]
+    pressures: Option<String>,
+    /// The x axis: `rank` (one line per pressure) or `pressure` (one line per rank that has
+    /// areas; --pressures does not apply).
+    #[arg(long, default_value = "rank", value_parser = ["rank", "pressure"])]
+    against: String,
     /// `png` or `svg` [default: from --out's extension].
     #[arg(long)]
     format: Option<String>,
@@ -209,21 +214,34 @@ fn curve(args: &CurveArgs) -> ExitCode {
             );
         }
     };
-    let pressures = match plot::curve::parse_pressures(&args.pressures) {
-        Ok(p) => p,
-        Err(e) => return fail(2, e.to_string()),
+    let view = match (args.against.as_str(), &args.pressures) {
+        ("pressure", Some(_)) => {
+            return fail(
+                2,
+                "--pressures draws the rank view; --against pressure draws every pressure"
+                    .to_owned(),
+            );
+        }
+        ("pressure", None) => plot::curve::View::ByPressure,
+        (_, list) => {
+            let list = list.as_deref().unwrap_or(plot::curve::DEFAULT_PRESSURES);
+            match plot::curve::parse_pressures(list) {
+                Ok(p) => plot::curve::View::ByRank(p),
+                Err(e) => return fail(2, e.to_string()),
+            }
+        }
     };
     let compiled = match policy::load_dir(&args.policies) {
         Ok(c) => c,
         Err(e) => return fail(1, e.to_string()),
     };
-    match plot::curve::draw(&compiled.policy, &pressures, &args.out, format) {
+    match plot::curve::draw(&compiled.policy, &view, &args.out, format) {
         Ok(()) => {
             println!(
-                "{}: shed curve of policy {} at {} pressure(s)",
+                "{}: shed curve of policy {} against {}",
                 args.out.display(),
                 compiled.policy.version(),
-                pressures.len()
+                args.against
             );
             ExitCode::SUCCESS
         }

@@ -1,6 +1,7 @@
-//! The picture of a policy's shed curve (`shedgate curve`): shed probability (0–1) against
-//! area rank (1–100), one line per pressure, with the policy's areas and `default_rank` marked
-//! at their ranks. The numbers are [`Curve::shed_probability`] itself, the function the
+//! The picture of a policy's shed curve (`shedgate curve`). By default ([`View::ByRank`]):
+//! shed probability (0–1) against area rank (1–100), one line per pressure, with the policy's
+//! areas and `default_rank` marked at their ranks. [`View::ByPressure`]: shed probability
+//! against pressure, one line per rank that has areas. The numbers are [`Curve::shed_probability`] itself, the function the
 //! decision calls (docs/decision.md "Decision rule", step 6), so the picture cannot drift from
 //! the proxy.
 
@@ -116,23 +117,47 @@ pub fn marks(policy: &Policy) -> Vec<(Rank, String)> {
         .collect()
 }
 
-/// Draws the curve picture of `policy` at `pressures` into `out` as `format`, [`SIZE`]
-/// pixels.
+/// What the picture puts on its x axis.
+#[derive(Debug, Clone, PartialEq)]
+pub enum View {
+    /// Rank 1–100 on the x axis, one line per pressure: which ranks go at a given pressure.
+    ByRank(Vec<Pressure>),
+    /// Pressure 0.4–1.0 on the x axis, one line per rank that has areas, and `default_rank`:
+    /// at which pressure a given area starts to go.
+    ByPressure,
+}
+
+/// The lines of the pressure view: for each rank that has areas or is `default_rank`,
+/// its label from [`marks`] and `(pressure, shed probability)` for pressure 0.40–1.00 in
+/// steps of 0.002.
+pub fn pressure_lines(policy: &Policy) -> Vec<(Rank, String, Vec<(f64, f64)>)> {
+    let curve = policy.curve();
+    marks(policy)
+        .into_iter()
+        .map(|(rank, label)| {
+            let line = (200..=500u32)
+                .map(|i| f64::from(i) / 500.0)
+                .map(|p| (p, curve.shed_probability(rank, Pressure::saturating(p))))
+                .collect();
+            (rank, label, line)
+        })
+        .collect()
+}
+
+/// Draws the curve picture of `policy` in `view` into `out` as `format`, [`SIZE`] pixels.
 ///
 /// # Errors
-/// [`PlotError::Invalid`] for an empty pressure list; [`PlotError::Font`]; [`PlotError::Draw`]
-/// when the file cannot be written.
-pub fn draw(
-    policy: &Policy,
-    pressures: &[Pressure],
-    out: &Path,
-    format: Format,
-) -> Result<(), PlotError> {
-    if pressures.is_empty() || pressures.len() > MAX_PRESSURES {
-        return Err(PlotError::Invalid(format!(
-            "between 1 and {MAX_PRESSURES} pressures, got {}",
-            pressures.len()
-        )));
+/// [`PlotError::Invalid`] for a pressure list that is empty or longer than
+/// [`MAX_PRESSURES`]; [`PlotError::Font`]; [`PlotError::Draw`] when the file cannot be
+/// written.
+pub fn draw(policy: &Policy, view: &View, out: &Path, format: Format) -> Result<(), PlotError> {
+    if let View::ByRank(pressures) = view {
+        if pressures.is_empty() || pressures.len() > MAX_PRESSURES {
+            return Err(PlotError::Invalid(format!(
+                "between 1 and {MAX_PRESSURES} pressures, got {}",
+                pressures.len()
+            )));
+        }
     }
     super::register_font()?;
     let fail = |message: String| PlotError::Draw {
@@ -142,12 +167,12 @@ pub fn draw(
     match format {
         Format::Png => {
             let root = BitMapBackend::new(out, SIZE).into_drawing_area();
-            render(&root, policy, pressures).map_err(|e| fail(e.to_string()))?;
+            render(&root, policy, view).map_err(|e| fail(e.to_string()))?;
             root.present().map_err(|e| fail(e.to_string()))
         }
         Format::Svg => {
             let root = SVGBackend::new(out, SIZE).into_drawing_area();
-            render(&root, policy, pressures).map_err(|e| fail(e.to_string()))?;
+            render(&root, policy, view).map_err(|e| fail(e.to_string()))?;
             root.present().map_err(|e| fail(e.to_string()))
         }
     }
@@ -155,13 +180,13 @@ pub fn draw(
 
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
+/// The title, the subtitle and the chart's frame; then the view.
 fn render<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     policy: &Policy,
-    pressures: &[Pressure],
+    view: &View,
 ) -> DrawResult<DB> {
     root.fill(&WHITE)?;
-    let curve = policy.curve();
     let mode = match policy.mode() {
         Mode::Enforce => "enforce mode",
         Mode::Warn => "warn mode: would-sheds are counted, nothing is shed",
@@ -170,16 +195,33 @@ fn render<DB: DrawingBackend>(
         &format!("Shed curve of policy {} ({mode})", policy.version()),
         (FONT, 24).into_font().color(&BLACK),
     )?;
+    let what = match view {
+        View::ByRank(_) => "by its area's rank, at each pressure",
+        View::ByPressure => "by pressure, for each rank that has areas",
+    };
     root.draw(&Text::new(
         format!(
-            "Probability that a supersedable event is shed, by its area's rank, at each \
-             pressure ({curve}). Events of never-streams are not shed."
+            "Probability that a supersedable event is shed, {what} ({}). Events of \
+             never-streams are not shed.",
+            policy.curve()
         ),
         (60, 0),
         (FONT, 15).into_font().color(&RGBColor(60, 60, 60)),
     ))?;
     let area = root.margin(28, 10, 10, 30);
-    let mut chart = ChartBuilder::on(&area)
+    match view {
+        View::ByRank(pressures) => by_rank(&area, policy, pressures),
+        View::ByPressure => by_pressure(&area, policy),
+    }
+}
+
+fn by_rank<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    policy: &Policy,
+    pressures: &[Pressure],
+) -> DrawResult<DB> {
+    let curve = policy.curve();
+    let mut chart = ChartBuilder::on(area)
         .x_label_area_size(50)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..101.0, 0.0..1.04)?;
@@ -235,6 +277,64 @@ fn render<DB: DrawingBackend>(
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)
+        .label_font((FONT, 15))
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()?;
+    Ok(())
+}
+
+fn by_pressure<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    policy: &Policy,
+) -> DrawResult<DB> {
+    let mut chart = ChartBuilder::on(area)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.4..1.0, 0.0..1.04)?;
+    chart
+        .configure_mesh()
+        .x_desc("pressure (0–1; nothing is shed at or below 0.5)")
+        .y_desc("shed probability (0–1)")
+        .x_labels(13)
+        .y_labels(11)
+        .x_label_formatter(&|x| format!("{x:.2}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .axis_desc_style((FONT, 17))
+        .label_style((FONT, 14))
+        .light_line_style(RGBColor(240, 240, 240))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()?;
+    let floor = Pressure::SHED_FLOOR.get();
+    chart.draw_series(DashedLineSeries::new(
+        [(floor, 0.0), (floor, 1.04)],
+        6,
+        4,
+        BLACK.stroke_width(1),
+    ))?;
+    let lines = pressure_lines(policy);
+    let n = lines.len();
+    for (i, (rank, label, line)) in lines.into_iter().enumerate() {
+        // Seven or fewer lines take the palette; more take hues from blue (most important)
+        // to red (shed first), in rank order.
+        let colour: RGBColor = if n <= PALETTE.len() {
+            PALETTE[i]
+        } else {
+            let hue = 0.62 - 0.62 * f64::from(rank.get() - 1) / 99.0;
+            let (r, g, b) = HSLColor(hue, 0.75, 0.45).rgb();
+            RGBColor(r, g, b)
+        };
+        let width = if rank == policy.default_rank() { 4 } else { 3 };
+        chart
+            .draw_series(LineSeries::new(line, colour.stroke_width(width)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(width))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .label_font((FONT, 15))
         .background_style(WHITE.mix(0.9))
         .border_style(RGBColor(180, 180, 180))

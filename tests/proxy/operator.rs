@@ -134,6 +134,40 @@ fn the_curve_picture_names_its_policy_pressures_and_areas() {
         assert!(texts.contains(&tick), "tick {tick} is not in {texts:?}");
     }
 
+    // The spec's view: against pressure, one line per rank that has areas.
+    let by_pressure = dir.path().join("by-pressure.svg");
+    let (code, out, err) = shedgate(&[
+        "curve".as_ref(),
+        "--policies".as_ref(),
+        policies.as_os_str(),
+        "--out".as_ref(),
+        by_pressure.as_os_str(),
+        "--against".as_ref(),
+        "pressure".as_ref(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let text = std::fs::read_to_string(&by_pressure).unwrap();
+    for needle in [
+        "pressure (0–1; nothing is shed at or below 0.5)",
+        "rank 5: berlin",
+        "rank 20: sao-paulo, lagos, mumbai, delhi",
+        "default_rank 50: every unlisted place",
+        "0.50",
+        "0.75",
+    ] {
+        assert!(text.contains(needle), "{needle:?} is not in the SVG");
+    }
+    let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
+    let lines = shedgate::plot::curve::pressure_lines(&policy);
+    let at = |rank: u8, p: f64| {
+        let (_, _, line) = lines.iter().find(|(r, _, _)| r.get() == rank).unwrap();
+        line.iter().find(|(x, _)| (x - p).abs() < 1e-9).unwrap().1
+    };
+    // The seed's example: at 0.75, rank 50 is always shed and rank 5 never; nothing at 0.5.
+    assert_eq!((at(5, 0.75), at(50, 0.75)), (0.0, 1.0));
+    assert_eq!((at(5, 0.5), at(50, 0.5)), (0.0, 0.0));
+    assert_eq!((at(5, 1.0), at(50, 1.0)), (1.0, 1.0));
+
     let png = dir.path().join("curve.png");
     let (code, out, err) = shedgate(&[
         "curve".as_ref(),
@@ -168,7 +202,19 @@ fn the_curve_command_refuses_what_it_cannot_draw() {
     let dir = tempfile::tempdir().unwrap();
     let out = |name: &str| dir.path().join(name).into_os_string();
     let policies: &std::ffi::OsStr = concat!(env!("CARGO_MANIFEST_DIR"), "/policies").as_ref();
-    let cases: [(Vec<std::ffi::OsString>, i32, &str); 5] = [
+    let cases: [(Vec<std::ffi::OsString>, i32, &str); 6] = [
+        (
+            vec![
+                "--out".into(),
+                out("a.png"),
+                "--against".into(),
+                "pressure".into(),
+                "--pressures".into(),
+                "0.6".into(),
+            ],
+            2,
+            "--pressures draws the rank view",
+        ),
         (
             vec![
                 "--out".into(),
