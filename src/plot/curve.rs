@@ -127,10 +127,14 @@ pub enum View {
     ByPressure,
 }
 
+/// One line of the pressure view: the rank, its label, and `(pressure, shed probability)`
+/// points.
+pub type PressureLine = (Rank, String, Vec<(f64, f64)>);
+
 /// The lines of the pressure view: for each rank that has areas or is `default_rank`,
 /// its label from [`marks`] and `(pressure, shed probability)` for pressure 0.40–1.00 in
 /// steps of 0.002.
-pub fn pressure_lines(policy: &Policy) -> Vec<(Rank, String, Vec<(f64, f64)>)> {
+pub fn pressure_lines(policy: &Policy) -> Vec<PressureLine> {
     let curve = policy.curve();
     marks(policy)
         .into_iter()
@@ -151,13 +155,13 @@ pub fn pressure_lines(policy: &Policy) -> Vec<(Rank, String, Vec<(f64, f64)>)> {
 /// [`MAX_PRESSURES`]; [`PlotError::Font`]; [`PlotError::Draw`] when the file cannot be
 /// written.
 pub fn draw(policy: &Policy, view: &View, out: &Path, format: Format) -> Result<(), PlotError> {
-    if let View::ByRank(pressures) = view {
-        if pressures.is_empty() || pressures.len() > MAX_PRESSURES {
-            return Err(PlotError::Invalid(format!(
-                "between 1 and {MAX_PRESSURES} pressures, got {}",
-                pressures.len()
-            )));
-        }
+    if let View::ByRank(pressures) = view
+        && (pressures.is_empty() || pressures.len() > MAX_PRESSURES)
+    {
+        return Err(PlotError::Invalid(format!(
+            "between 1 and {MAX_PRESSURES} pressures, got {}",
+            pressures.len()
+        )));
     }
     super::register_font()?;
     let fail = |message: String| PlotError::Draw {
