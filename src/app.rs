@@ -4,13 +4,9 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -19,15 +15,15 @@ use tower::{Service, ServiceBuilder};
 use crate::admin::{self, AdminState};
 use crate::clock::Sources;
 use crate::config::Config;
-use crate::edge::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong};
 use crate::edge::rejection::Body;
+use crate::edge::serve;
 use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::Curve;
 use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings};
-use crate::upstream::{ClientInfo, Proxy};
+use crate::upstream::Proxy;
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
 /// rest.
@@ -153,10 +149,10 @@ pub async fn start(
 
     let stack = build_stack(&config, &parts);
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(serve_proxy(
+    tasks.push(tokio::spawn(serve::serve(
         listener,
         stack,
-        Connections {
+        serve::Connections {
             header_read_timeout: config.header_read_timeout,
             drain_timeout: config.drain_timeout,
             max_header_line: config.max_header_line,
@@ -245,90 +241,6 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
             upkeep = 0;
             m.run_upkeep();
         }
-    }
-}
-
-/// Client connection settings of the proxy listener.
-#[derive(Debug, Clone, Copy)]
-struct Connections {
-    header_read_timeout: Duration,
-    drain_timeout: Duration,
-    max_header_line: usize,
-    max_head: usize,
-}
-
-/// Accepts connections until shutdown, then drains.
-async fn serve_proxy<S>(
-    listener: TcpListener,
-    stack: S,
-    settings: Connections,
-    mut shutdown: watch::Receiver<bool>,
-) where
-    S: Service<Request<Incoming>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    let graceful = GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        // A head over the limit is answered 431 by hyper itself.
-        .max_header_size(settings.max_head)
-        .keep_alive(true);
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|s| *s) => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let info = ClientInfo { peer };
-        // The framing guard reads each request head on the raw bytes, before hyper
-        // normalises what a smuggling attempt would show (see `framing`).
-        let (io, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
-        let svc = tower::util::MapRequest::new(stack.clone(), move |mut req: Request<Incoming>| {
-            req.extensions_mut().insert(info);
-            match verdicts.next() {
-                Some(HeadVerdict::Framing(why)) => {
-                    req.extensions_mut().insert(AmbiguousFraming(why));
-                }
-                Some(HeadVerdict::LineTooLong(limit)) => {
-                    req.extensions_mut().insert(HeaderLineTooLong(limit));
-                }
-                None => {}
-            }
-            req
-        });
-        let conn = builder.serve_connection(io, TowerToHyperService::new(svc));
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, "client connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tracing::info!("draining in-flight requests");
-    let drain_timeout = settings.drain_timeout;
-    if tokio::time::timeout(drain_timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            ?drain_timeout,
-            "drain timeout elapsed with requests still in flight"
-        );
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,16 +23,10 @@ use tokio::time::Instant;
 
 use crate::BoxError;
 use crate::edge::rejection::{Body, Rejection};
+use crate::edge::serve::ClientInfo;
 
 /// The request body type the proxy forwards: buffered bytes or a streamed, limited body.
 pub type ForwardBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
-
-/// The client's address, inserted into request extensions by the listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientInfo {
-    /// The TCP peer.
-    pub peer: SocketAddr,
-}
 
 /// What happened upstream, attached to every response the proxy returns as an extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
