@@ -334,21 +334,15 @@ fn plot(samples: &[(f64, f64, f64)], path: &Path) {
     let mut chart = ChartBuilder::on(&root.margin(6, 10, 10, 24))
         .x_label_area_size(48)
         .y_label_area_size(58)
-        .build_cartesian_2d(0.0..t_max, 0.0..1.05)
+        // Headroom above 1.0 for the legend and the overload window's name.
+        .build_cartesian_2d(0.0..t_max, 0.0..1.32)
         .unwrap();
     // The overload window, shaded and named.
     let (from, to) = (WARM as f64, (WARM + OVERLOAD) as f64);
     chart
         .draw_series(std::iter::once(Rectangle::new(
-            [(from, 0.0), (to, 1.05)],
+            [(from, 0.0), (to, 1.32)],
             RGBColor(255, 240, 200).filled(),
-        )))
-        .unwrap();
-    chart
-        .draw_series(std::iter::once(Text::new(
-            format!("overload: 10x capacity, {from:.0}-{to:.0} s"),
-            (from + 0.15, 1.02),
-            (FONT, 15).into_font().color(&RGBColor(140, 90, 0)),
         )))
         .unwrap();
     chart
@@ -358,7 +352,13 @@ fn plot(samples: &[(f64, f64, f64)], path: &Path) {
         .x_labels(t_max as usize + 1)
         .y_labels(11)
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.1}"))
+        .y_label_formatter(&|y| {
+            if *y > 1.0 + 1e-9 {
+                String::new()
+            } else {
+                format!("{y:.1}")
+            }
+        })
         .axis_desc_style((FONT, 16))
         .label_style((FONT, 14))
         .light_line_style(RGBColor(245, 245, 245))
@@ -397,6 +397,13 @@ fn plot(samples: &[(f64, f64, f64)], path: &Path) {
                 PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
             });
     }
+    chart
+        .draw_series(std::iter::once(Text::new(
+            format!("overload: 10x capacity, {from:.0}-{to:.0} s"),
+            (from + 0.15, 1.27),
+            (FONT, 16).into_font().color(&RGBColor(140, 90, 0)),
+        )))
+        .unwrap();
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
