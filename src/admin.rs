@@ -1,4 +1,5 @@
-//! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz`, `GET /policy`,
+//! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz` (readiness: 503 in
+//! the lame duck), `GET /livez` (liveness), `GET /policy`,
 //! `POST /reload`, and `GET|PUT|DELETE /pressure` (docs/operations.md "Observability",
 //! "Policy files and hot reload"; docs/pressure.md "Pressure").
 //!
@@ -15,6 +16,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use crate::edge::rejection::PROBLEM_JSON;
+use crate::edge::serve::LameDuck;
 use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::{Area, Class, Mode, Supersession};
@@ -30,13 +32,18 @@ pub struct AdminState {
     pub pressure: Arc<PressureGauge>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// Set on SIGTERM: `/healthz` answers 503 so that readiness fails while traffic is
+    /// still served (the shutdown delay).
+    pub lame_duck: LameDuck,
 }
 
 /// The admin routes.
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
+        // Liveness: 200 while the process serves, lame duck included.
+        .route("/livez", get(|| async { "ok\n" }))
         .route("/policy", get(policy))
         .route("/reload", axum::routing::post(reload))
         .route("/stats", get(stats))
@@ -45,6 +52,17 @@ pub fn router(state: AdminState) -> Router {
             get(get_pressure).put(pin_pressure).delete(unpin_pressure),
         )
         .with_state(state)
+}
+
+/// 200 `ok` while serving; 503 `shutting down` from SIGTERM on, so that a readiness probe
+/// takes the replica out of the Service while it still answers (docs/responses.md
+/// "Connections").
+async fn healthz(State(s): State<AdminState>) -> Response {
+    if s.lame_duck.is_set() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else {
+        "ok\n".into_response()
+    }
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {

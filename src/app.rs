@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Request;
 use hyper::body::Incoming;
@@ -16,7 +17,7 @@ use crate::admin::{self, AdminState};
 use crate::clock::Sources;
 use crate::config::Config;
 use crate::edge::rejection::Body;
-use crate::edge::serve;
+use crate::edge::serve::{self, LameDuck};
 use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::Curve;
@@ -97,17 +98,43 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// Shared pieces (for tests and the demo).
     pub parts: Parts,
+    /// The lame-duck flag (`/healthz` 503, `Connection: close` on every answer).
+    pub lame_duck: LameDuck,
+    shutdown_delay: Duration,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Running {
-    /// Stops accepting, drains in-flight requests (up to the drain timeout), and returns
-    /// when everything has stopped.
+    /// What SIGTERM does: the lame duck for the shutdown delay (`/healthz` answers 503,
+    /// traffic is still served, each answer with `Connection: close`), then
+    /// [`Running::shutdown`].
+    pub async fn stop(self) {
+        if !self.shutdown_delay.is_zero() {
+            self.lame_duck.begin();
+            tracing::info!(
+                delay = ?self.shutdown_delay,
+                "lame duck: /healthz answers 503, answers carry Connection: close"
+            );
+            tokio::time::sleep(self.shutdown_delay).await;
+        }
+        self.shutdown().await;
+    }
+
+    /// Stops accepting on both listeners, lets in-flight requests finish for at most the
+    /// drain timeout, cuts what is left, and returns when everything has stopped.
     pub async fn shutdown(self) {
+        self.lame_duck.begin();
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;
+        }
+        let inflight = self.parts.pressure.inflight();
+        if inflight > 0 {
+            tracing::warn!(
+                inflight,
+                "stopped with requests still in flight: their connections were cut"
+            );
         }
     }
 }
@@ -148,35 +175,40 @@ pub async fn start(
     let (shutdown, shutdown_rx) = watch::channel(false);
 
     let stack = build_stack(&config, &parts);
+    let lame_duck = LameDuck::default();
+    // Both listeners get the same timeouts and the same bounded drain: a half-sent head on
+    // the admin port must not hold shutdown.
+    let connections = serve::Connections {
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        drain_timeout: config.drain_timeout,
+        max_header_line: config.max_header_line,
+        max_head: config.max_head,
+        lame_duck: lame_duck.clone(),
+        metrics: Some(Arc::clone(&parts.metrics)),
+    };
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(serve::serve(
         listener,
         stack,
-        serve::Connections {
-            header_read_timeout: config.header_read_timeout,
-            drain_timeout: config.drain_timeout,
-            max_header_line: config.max_header_line,
-            max_head: config.max_head,
-        },
+        connections.clone(),
         shutdown_rx.clone(),
     )));
     let router = admin::router(AdminState {
         store: Arc::clone(&parts.store),
         pressure: Arc::clone(&parts.pressure),
         metrics: Arc::clone(&parts.metrics),
+        lame_duck: lame_duck.clone(),
     });
-    let mut admin_shutdown = shutdown_rx.clone();
-    tasks.push(tokio::spawn(async move {
-        let stop = async move {
-            let _ = admin_shutdown.wait_for(|stop| *stop).await;
-        };
-        if let Err(e) = axum::serve(admin_listener, router)
-            .with_graceful_shutdown(stop)
-            .await
-        {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    }));
+    tasks.push(tokio::spawn(serve::serve(
+        admin_listener,
+        router,
+        serve::Connections {
+            metrics: None,
+            ..connections
+        },
+        shutdown_rx.clone(),
+    )));
     tasks.push(crate::live::reload::spawn(
         Arc::clone(&parts.store),
         config.policy_recheck,
@@ -195,6 +227,8 @@ pub async fn start(
             proxy_addr,
             admin_addr,
             parts,
+            lame_duck,
+            shutdown_delay: config.shutdown_delay,
             shutdown,
             tasks,
         },
@@ -255,7 +289,8 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     }
     shutdown_signal().await;
     tracing::info!("shutdown signal received");
-    running.shutdown().await;
+    running.stop().await;
+    tracing::info!("stopped");
     Ok(())
 }
 

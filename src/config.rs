@@ -61,6 +61,33 @@ impl Serialize for HumanDuration {
     }
 }
 
+/// A duration that may be zero, written as humantime text (`0` disables what it delays, `5s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDelay(pub Duration);
+
+impl FromStr for HumanDelay {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        humantime::parse_duration(text)
+            .map(HumanDelay)
+            .map_err(|e| format!("invalid duration {text:?}: {e} (write e.g. 0, 5s)"))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDelay {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for HumanDelay {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(self.0))
+    }
+}
+
 /// `shedgate serve` settings: one definition for the flags and the `--config` file. Every
 /// flag is also a file key of the same name (kebab-case); a flag given on the command line
 /// (or its environment variable) wins over the file, and the file over the defaults.
@@ -95,9 +122,13 @@ pub struct ServeArgs {
     /// Time to connect to the upstream [default: 2s].
     #[arg(long, value_name = "DURATION")]
     pub connect_timeout: Option<HumanDuration>,
-    /// Time a client has to send request headers [default: 10s].
+    /// Time a client has to finish a request head once it has started [default: 10s].
     #[arg(long, value_name = "DURATION")]
     pub header_read_timeout: Option<HumanDuration>,
+    /// Time a connection may wait for a request, from accept or the previous response; keep
+    /// it above the load balancer's idle timeout (nginx, AWS ALB: 60s) [default: 75s].
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<HumanDuration>,
     /// Time a client has to send the whole request body [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub body_read_timeout: Option<HumanDuration>,
@@ -107,9 +138,15 @@ pub struct ServeArgs {
     /// Upstream latency considered at target (pressure 0.5), e.g. `50ms` [default: 100ms].
     #[arg(long, value_name = "DURATION")]
     pub latency_target: Option<HumanDuration>,
-    /// Time in-flight requests get to finish on shutdown [default: 30s].
+    /// Time in-flight requests get to finish on shutdown, both listeners; past it connections
+    /// are cut [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub drain_timeout: Option<HumanDuration>,
+    /// Lame duck on SIGTERM: /healthz answers 503 and answers carry `Connection: close` while
+    /// traffic is still served, for this long before the listeners stop; 0 disables
+    /// [default: 5s].
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_delay: Option<HumanDelay>,
     /// Safety-net re-check of the policy directory, besides the file watcher [default: 10s].
     #[arg(long, value_name = "DURATION")]
     pub policy_recheck: Option<HumanDuration>,
@@ -170,14 +207,18 @@ pub struct Config {
     pub upstream_timeout: Duration,
     /// Upstream connect timeout (positive).
     pub connect_timeout: Duration,
-    /// Client header read timeout (positive).
+    /// Client header read timeout, from a head's first byte (positive).
     pub header_read_timeout: Duration,
+    /// Client idle timeout between requests (positive, not below the header read timeout).
+    pub idle_timeout: Duration,
     /// Client body read timeout (positive).
     pub body_read_timeout: Duration,
     /// Pressure controller settings.
     pub controller: ControllerConfig,
     /// Shutdown drain time.
     pub drain_timeout: Duration,
+    /// Lame-duck time on SIGTERM before the listeners stop (zero: none).
+    pub shutdown_delay: Duration,
     /// Periodic policy re-check interval.
     pub policy_recheck: Duration,
     /// How `Host` is forwarded.
@@ -335,6 +376,17 @@ impl Config {
                 format!("{max_head} is below max-header-line {max_header_line}"),
             ));
         }
+        let header_read_timeout = duration(args.header_read_timeout, Duration::from_secs(10));
+        let idle_timeout = duration(args.idle_timeout, Duration::from_secs(75));
+        if idle_timeout < header_read_timeout {
+            return Err(invalid(
+                "idle-timeout",
+                format!(
+                    "{idle_timeout:?} is below header-read-timeout {header_read_timeout:?}: \
+                     the idle timer also runs while a head arrives"
+                ),
+            ));
+        }
         Ok(Config {
             listen,
             upstream,
@@ -344,13 +396,15 @@ impl Config {
             max_body,
             upstream_timeout,
             connect_timeout: duration(args.connect_timeout, Duration::from_secs(2)),
-            header_read_timeout: duration(args.header_read_timeout, Duration::from_secs(10)),
+            header_read_timeout,
+            idle_timeout,
             body_read_timeout: duration(args.body_read_timeout, Duration::from_secs(30)),
             controller: ControllerConfig {
                 max_inflight,
                 latency_target,
             },
             drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),
+            shutdown_delay: args.shutdown_delay.map_or(Duration::from_secs(5), |d| d.0),
             host_header: args.host_header.unwrap_or_default(),
             trusted_proxies: args.trusted_proxies.unwrap_or_default(),
             max_header_line,
@@ -391,6 +445,29 @@ mod tests {
             config: Some(path),
             ..flags
         })
+    }
+
+    #[test]
+    fn connection_lifecycle_settings() {
+        let c = Config::from_args(args("http://127.0.0.1:3000")).unwrap();
+        assert_eq!(c.idle_timeout, Duration::from_secs(75));
+        assert_eq!(c.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.shutdown_delay, Duration::from_secs(5));
+        let c = with_file(
+            "shutdown-delay = \"0\"\nidle-timeout = \"2m\"\n",
+            args("http://127.0.0.1:3000"),
+        )
+        .unwrap();
+        assert_eq!(c.shutdown_delay, Duration::ZERO);
+        assert_eq!(c.idle_timeout, Duration::from_secs(120));
+        let mut a = args("http://127.0.0.1:3000");
+        a.idle_timeout = Some(Duration::from_secs(5).into());
+        let e = Config::from_args(a).unwrap_err().to_string();
+        assert!(
+            e.contains("idle-timeout") && e.contains("header-read-timeout"),
+            "{e}"
+        );
+        assert!("x".parse::<HumanDelay>().is_err());
     }
 
     #[test]

@@ -56,6 +56,8 @@ struct Tracker {
     verdicts: VecDeque<Option<HeadVerdict>>,
     /// Longest header line accepted, bytes (name, `: `, value and CRLF).
     max_line: usize,
+    /// Requests received whole (head and body), in order.
+    complete: u64,
 }
 
 /// What is wrong with one request head.
@@ -76,6 +78,44 @@ impl Verdicts {
     /// The verdict of the next request the service sees (`None`: clean, or not known).
     pub fn next(&self) -> Option<HeadVerdict> {
         self.0.lock().ok()?.verdicts.pop_front().flatten()
+    }
+
+    /// Where the client's bytes stand, as far as the tracker can tell.
+    pub fn progress(&self) -> Progress {
+        match self.0.lock() {
+            Ok(t) => match t.phase {
+                Phase::Lost => Progress::Unknown,
+                Phase::Head if t.pending.is_empty() => Progress::Between(t.complete),
+                Phase::Head => Progress::InHead(t.complete),
+                _ => Progress::InBody(t.complete),
+            },
+            Err(_) => Progress::Unknown,
+        }
+    }
+}
+
+/// Where a connection's request bytes stand. Each variant carries how many requests have been
+/// received whole (head and body), counting from 0 at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// At a message boundary: nothing of the next request has arrived.
+    Between(u64),
+    /// Part of a request head has arrived.
+    InHead(u64),
+    /// A request's body is still arriving.
+    InBody(u64),
+    /// The tracker stopped following the connection (see the module docs).
+    Unknown,
+}
+
+impl Progress {
+    /// Whether the request with this 0-based index on the connection has been received
+    /// whole; `None` when the tracker cannot tell.
+    pub fn received(self, index: u64) -> Option<bool> {
+        match self {
+            Progress::Between(n) | Progress::InHead(n) | Progress::InBody(n) => Some(n > index),
+            Progress::Unknown => None,
+        }
     }
 }
 
@@ -104,6 +144,7 @@ impl<IO> FramingGuard<IO> {
             pending: Vec::new(),
             verdicts: VecDeque::new(),
             max_line,
+            complete: 0,
         })));
         (
             FramingGuard {
@@ -195,6 +236,9 @@ impl Tracker {
                                 .or_else(|| self.line_too_long(&req));
                             let next = next_phase(&req);
                             self.verdicts.push_back(verdict);
+                            if matches!(next, Phase::Head) {
+                                self.complete += 1;
+                            }
                             self.phase = next;
                             pos += n;
                         }
@@ -206,6 +250,7 @@ impl Tracker {
                     let n = left.min(avail as u64);
                     pos += usize::try_from(n).unwrap_or(avail);
                     self.phase = if left == n {
+                        self.complete += 1;
                         Phase::Head
                     } else {
                         Phase::Body(left - n)
@@ -261,6 +306,7 @@ impl Tracker {
     fn chunk_line(&mut self, text: &str) {
         if matches!(self.phase, Phase::Trailers) {
             if text.is_empty() {
+                self.complete += 1;
                 self.phase = Phase::Head;
             }
             return;
@@ -369,6 +415,7 @@ mod tests {
             phase: Phase::Head,
             pending: Vec::new(),
             verdicts: VecDeque::new(),
+            complete: 0,
         };
         for chunk in stream.chunks(split_every) {
             t.feed(chunk);
@@ -395,6 +442,55 @@ POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r
             "a".repeat(8192 - 12)
         );
         assert_eq!(head_verdicts(at.as_bytes(), 100, 8192), vec![None]);
+    }
+
+    /// The progress the connection's lifecycle reads: requests received whole, and whether a
+    /// head or a body is part-way, at every byte of the pipeline.
+    #[test]
+    fn progress_counts_requests_received_whole() {
+        let tracker = Verdicts(Arc::new(Mutex::new(Tracker {
+            max_line: usize::MAX,
+            phase: Phase::Head,
+            pending: Vec::new(),
+            verdicts: VecDeque::new(),
+            complete: 0,
+        })));
+        assert_eq!(tracker.progress(), Progress::Between(0));
+        let mut seen = Vec::new();
+        for b in PIPELINE {
+            tracker.0.lock().unwrap().feed(std::slice::from_ref(b));
+            let p = tracker.progress();
+            if seen.last() != Some(&p) {
+                seen.push(p);
+            }
+        }
+        use Progress::*;
+        assert_eq!(
+            seen,
+            [
+                InHead(0),
+                InBody(0),
+                Between(1),
+                InHead(1),
+                InBody(1),
+                Between(2),
+                InHead(2),
+                Between(3),
+                InHead(3),
+                InBody(3),
+                Between(4)
+            ]
+        );
+        assert_eq!(InBody(3).received(2), Some(true));
+        assert_eq!(InBody(3).received(3), Some(false));
+        assert_eq!(Unknown.received(0), None);
+        // A CONNECT cannot be followed.
+        tracker
+            .0
+            .lock()
+            .unwrap()
+            .feed(b"CONNECT x:1 HTTP/1.1\r\n\r\n");
+        assert_eq!(tracker.progress(), Unknown);
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
 /// Errors answered by the proxy itself, by `kind` (`bad_gateway`, `gateway_timeout`,
 /// `payload_too_large`, `body_timeout`, `bad_request`).
 pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
+/// Client connections shedgate closed on its own, by `reason` ([`CloseReason`]).
+pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
 /// 1 for the live policy's `version` (content hash), 0 for earlier ones.
 pub const POLICY_INFO: &str = "shedgate_policy_info";
 /// Policy loads by `outcome` (`success`, `failure`).
@@ -172,6 +174,12 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Errors answered by the proxy, by kind.",
     ),
     (
+        CONNECTION_CLOSES,
+        "counter",
+        "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
+         early_answer, lame_duck, drain_cut).",
+    ),
+    (
         POLICY_INFO,
         "gauge",
         "1 for the live policy version (content hash).",
@@ -269,6 +277,42 @@ impl Fact {
     }
 }
 
+/// Why shedgate closed a client connection (docs/responses.md "Connections").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// No request within the idle timeout (from accept or the previous response).
+    IdleTimeout,
+    /// A started head unfinished within the header read timeout.
+    HeaderTimeout,
+    /// Answered before the request was received whole: `Connection: close` and a lingering
+    /// close.
+    EarlyAnswer,
+    /// Answered during the lame duck (shutdown delay): `Connection: close`.
+    LameDuck,
+    /// Still open when the drain timeout ended: cut.
+    DrainCut,
+}
+
+impl CloseReason {
+    const ALL: [CloseReason; 5] = [
+        CloseReason::IdleTimeout,
+        CloseReason::HeaderTimeout,
+        CloseReason::EarlyAnswer,
+        CloseReason::LameDuck,
+        CloseReason::DrainCut,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::IdleTimeout => "idle_timeout",
+            CloseReason::HeaderTimeout => "header_timeout",
+            CloseReason::EarlyAnswer => "early_answer",
+            CloseReason::LameDuck => "lame_duck",
+            CloseReason::DrainCut => "drain_cut",
+        }
+    }
+}
+
 /// Kinds of errors the proxy answers itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -338,6 +382,7 @@ pub struct Metrics {
     /// [`CLOCK_PROBES`].
     pub clock_probes: Counter,
     proxy_errors: [Counter; 5],
+    connection_closes: [Counter; 5],
     reload_success: Counter,
     reload_failure: Counter,
     reload_ok: Gauge,
@@ -385,7 +430,10 @@ impl Metrics {
             |name: &'static str| recorder.register_gauge(&Key::from_name(name), &metadata());
         let proxy_errors =
             ErrorKind::ALL.map(|k| counter(PROXY_ERRORS, vec![Label::new("kind", k.as_str())]));
+        let connection_closes = CloseReason::ALL
+            .map(|r| counter(CONNECTION_CLOSES, vec![Label::new("reason", r.as_str())]));
         let m = Metrics {
+            connection_closes,
             pressure: gauge(PRESSURE),
             pressure_pinned: gauge(PRESSURE_PINNED),
             inflight: gauge(INFLIGHT),
@@ -432,6 +480,11 @@ impl Metrics {
     /// Counts an error answered by the proxy.
     pub fn proxy_error(&self, kind: ErrorKind) {
         self.proxy_errors[kind as usize].increment(1);
+    }
+
+    /// Counts a client connection closed for `reason`.
+    pub fn connection_closed(&self, reason: CloseReason) {
+        self.connection_closes[reason as usize].increment(1);
     }
 
     /// Records a successful load of `policy` at `now`: its version, the reload gauges, and

@@ -5,6 +5,7 @@ mod cases;
 mod classes;
 mod clock;
 mod geography;
+mod lifecycle;
 mod operator;
 mod reload;
 #[cfg(feature = "demo")]

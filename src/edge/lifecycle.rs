@@ -1,0 +1,192 @@
+//! A client connection's lifecycle on its raw bytes, around the framing guard: the deadline
+//! for a request head once it has started, and the lingering close after an early answer.
+//!
+//! hyper has one timer for the wait for a head, armed from accept or from the end of the
+//! previous response, so it cannot tell an idle keep-alive connection from a slow head.
+//! shedgate sets hyper's timer to the idle timeout (`--idle-timeout`, 75 s, above the 60 s
+//! that nginx, AWS ALB and most balancers keep backend connections) and cuts a head that has
+//! started but not finished after `--header-read-timeout` here (docs/responses.md
+//! "Connections").
+//!
+//! The lingering close is Apache's and nginx's (`lingering_close`, `lingering_time` 30 s,
+//! `lingering_timeout` 5 s): when shedgate answers before the request body has arrived (413,
+//! a 503 decided from the head), closing at once would leave the client's unread bytes in
+//! the kernel, which then resets the connection, and the reset can destroy the answer before
+//! a client that writes the whole body before it reads has seen it. So the write side is shut
+//! down first (the client sees the answer and EOF), and input is read and discarded until
+//! the request ends, the client closes, or the bounds below.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
+use tokio::time::{Instant, Sleep};
+
+use super::framing::{FramingGuard, Progress, Verdicts};
+use crate::metrics::{CloseReason, Metrics};
+
+/// Longest lingering close: nginx's `lingering_time` default.
+pub const LINGER_TIME: Duration = Duration::from_secs(30);
+/// A lingering close ends after this long without input: nginx's `lingering_timeout` default.
+pub const LINGER_IDLE: Duration = Duration::from_secs(5);
+/// Most input a lingering close discards, bytes (64 MiB: 13 s of a 40 Mbit/s upload).
+pub const LINGER_BYTES: u64 = 64 * 1024 * 1024;
+
+#[derive(Debug)]
+enum Linger {
+    /// Not closing yet.
+    Open,
+    /// Discarding input after the write side was shut down: bytes so far, and when it ends
+    /// at the latest.
+    Draining { read: u64, until: Instant },
+    /// Closed.
+    Done,
+}
+
+/// A client connection's IO: the framing guard plus the head deadline and the lingering
+/// close. Timers are tokio's, so tests drive them with paused time.
+#[derive(Debug)]
+pub struct ClientIo<IO> {
+    io: FramingGuard<IO>,
+    progress: Verdicts,
+    header_read_timeout: Duration,
+    /// Armed while a head is part-way; reused across heads.
+    timer: Pin<Box<Sleep>>,
+    head_started: bool,
+    linger: Linger,
+    metrics: Option<std::sync::Arc<Metrics>>,
+}
+
+impl<IO> ClientIo<IO> {
+    /// Wraps a guarded connection; `progress` is the guard's tracker. A head part-way for
+    /// longer than `header_read_timeout` fails the read (hyper closes the connection without
+    /// an answer, as nginx does for `client_header_timeout`). Closes are counted on
+    /// `metrics` when given.
+    pub fn new(
+        io: FramingGuard<IO>,
+        progress: Verdicts,
+        header_read_timeout: Duration,
+        metrics: Option<std::sync::Arc<Metrics>>,
+    ) -> Self {
+        ClientIo {
+            io,
+            progress,
+            header_read_timeout,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            head_started: false,
+            linger: Linger::Open,
+            metrics,
+        }
+    }
+
+    fn count(&self, reason: CloseReason) {
+        if let Some(m) = &self.metrics {
+            m.connection_closed(reason);
+        }
+    }
+}
+
+impl<IO: Read + Unpin> Read for ClientIo<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                let in_head = matches!(this.progress.progress(), Progress::InHead(_));
+                if in_head && !this.head_started {
+                    let deadline = Instant::now() + this.header_read_timeout;
+                    this.timer.as_mut().reset(deadline);
+                }
+                this.head_started = in_head;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if this.head_started && this.timer.as_mut().poll(cx).is_ready() {
+                    this.head_started = false;
+                    this.count(CloseReason::HeaderTimeout);
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "request head not complete within the header read timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    /// Shuts the write side down; then, if the client is still sending a request, lingers.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.linger {
+                Linger::Done => return Poll::Ready(Ok(())),
+                Linger::Open => {
+                    let sending = !matches!(this.progress.progress(), Progress::Between(_));
+                    ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+                    if !sending {
+                        this.linger = Linger::Done;
+                        continue;
+                    }
+                    let now = Instant::now();
+                    this.linger = Linger::Draining {
+                        read: 0,
+                        until: now + LINGER_TIME,
+                    };
+                    this.timer.as_mut().reset(now + LINGER_IDLE);
+                }
+                Linger::Draining { read, until } => {
+                    let mut scratch = [0u8; 8192];
+                    let mut chunk = ReadBuf::new(&mut scratch);
+                    match Pin::new(&mut this.io).poll_read(cx, chunk.unfilled()) {
+                        Poll::Ready(Ok(())) if !chunk.filled().is_empty() => {
+                            *read += chunk.filled().len() as u64;
+                            let ended = matches!(this.progress.progress(), Progress::Between(_));
+                            if ended || *read >= LINGER_BYTES {
+                                this.linger = Linger::Done;
+                            } else {
+                                let idle_end = (Instant::now() + LINGER_IDLE).min(*until);
+                                this.timer.as_mut().reset(idle_end);
+                            }
+                        }
+                        // EOF or an error: the client is gone.
+                        Poll::Ready(_) => this.linger = Linger::Done,
+                        Poll::Pending => {
+                            ready!(this.timer.as_mut().poll(cx));
+                            this.linger = Linger::Done;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+}
