@@ -347,3 +347,78 @@ fn read_head_blocking(tcp: &mut std::net::TcpStream) -> String {
     }
     String::from_utf8(buf).unwrap()
 }
+
+/// The early answer over a 40 Mbit/s link, the setting: the test re-runs itself under
+/// `unshare -n` (its own network namespace, as root), shapes that namespace's loopback with
+/// `tc` (token bucket, 40 Mbit/s), and sends a declared 3 MiB body from a client that writes
+/// it all before it reads. The client must read the 413 with `Connection: close`.
+///
+/// Without root or `unshare` the test says so on stderr and passes, unless
+/// `SHEDGATE_REQUIRE_NETNS` is set (`.ci/run` sets it), when it fails.
+#[test]
+fn an_early_answer_arrives_over_a_rate_limited_link() {
+    use std::process::Command;
+    const NAME: &str = "lifecycle::an_early_answer_arrives_over_a_rate_limited_link";
+    if std::env::var_os("SHEDGATE_IN_NETNS").is_some() {
+        return early_answer_in_this_namespace();
+    }
+    let usable = Command::new("unshare")
+        .args(["-n", "--", "tc", "qdisc", "show", "dev", "lo"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !usable {
+        let why = "`unshare -n` with `tc` is not usable here (needs root and iproute2)";
+        assert!(
+            std::env::var_os("SHEDGATE_REQUIRE_NETNS").is_none(),
+            "{why}, and SHEDGATE_REQUIRE_NETNS is set"
+        );
+        eprintln!("SKIPPED {NAME}: {why}");
+        return;
+    }
+    let out = Command::new("unshare")
+        .args(["-n", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env("SHEDGATE_IN_NETNS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "in the namespace:\n{text}");
+    assert!(text.contains("1 passed"), "the test did not run:\n{text}");
+}
+
+/// The namespaced half: loopback up and shaped, then the exchange.
+fn early_answer_in_this_namespace() {
+    let run = |args: &[&str]| {
+        let s = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .status()
+            .unwrap();
+        assert!(s.success(), "{args:?}: {s}");
+    };
+    // An Ethernet MTU, so that the token bucket's burst holds a whole packet (loopback's
+    // 64 KiB frames would all be dropped).
+    run(&["ip", "link", "set", "lo", "mtu", "1500", "up"]);
+    run(&[
+        "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "40mbit", "burst", "64kb",
+        "latency", "200ms",
+    ]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (_up, _policy, proxy) = seeded().await;
+        let addr = proxy.proxy_addr;
+        let answer = tokio::task::spawn_blocking(move || write_then_read(addr, 3 * 1024 * 1024))
+            .await
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        assert!(
+            answer.contains("retry-after") || answer.contains("problem+json"),
+            "{answer}"
+        );
+    });
+}
