@@ -4,6 +4,7 @@ mod admin;
 mod cases;
 mod classes;
 mod clock;
+mod faults;
 mod geography;
 mod lifecycle;
 mod operator;
