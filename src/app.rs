@@ -129,13 +129,6 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
-        let inflight = self.parts.pressure.inflight();
-        if inflight > 0 {
-            tracing::warn!(
-                inflight,
-                "stopped with requests still in flight: their connections were cut"
-            );
-        }
     }
 }
 

@@ -53,7 +53,9 @@ pub struct ClientIo<IO> {
     header_read_timeout: Duration,
     /// Armed while a head is part-way; reused across heads.
     timer: Pin<Box<Sleep>>,
-    head_started: bool,
+    /// The head the timer is armed for: how many requests had been received whole when it
+    /// started (`None`: no head part-way).
+    head: Option<u64>,
     linger: Linger,
     metrics: Option<std::sync::Arc<Metrics>>,
 }
@@ -74,10 +76,16 @@ impl<IO> ClientIo<IO> {
             progress,
             header_read_timeout,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            head_started: false,
+            head: None,
             linger: Linger::Open,
             metrics,
         }
+    }
+
+    /// Starts the head's deadline from now.
+    fn arm(&mut self) {
+        let deadline = Instant::now() + self.header_read_timeout;
+        self.timer.as_mut().reset(deadline);
     }
 
     fn count(&self, reason: CloseReason) {
@@ -96,17 +104,20 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                let in_head = matches!(this.progress.progress(), Progress::InHead(_));
-                if in_head && !this.head_started {
-                    let deadline = Instant::now() + this.header_read_timeout;
-                    this.timer.as_mut().reset(deadline);
+                match this.progress.progress() {
+                    // A new head: one read can end a head and start the next.
+                    Progress::InHead(n) if this.head != Some(n) => {
+                        this.head = Some(n);
+                        this.arm();
+                    }
+                    Progress::InHead(_) => {}
+                    _ => this.head = None,
                 }
-                this.head_started = in_head;
                 Poll::Ready(r)
             }
             Poll::Pending => {
-                if this.head_started && this.timer.as_mut().poll(cx).is_ready() {
-                    this.head_started = false;
+                if this.head.is_some() && this.timer.as_mut().poll(cx).is_ready() {
+                    this.head = None;
                     this.count(CloseReason::HeaderTimeout);
                     return Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -120,12 +131,18 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
 }
 
 impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
+    /// Writing an answer restarts the deadline of a head that arrived (pipelined) while the
+    /// answer was being prepared: its time counts from when the connection is free for it.
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        if this.head.is_some() {
+            this.arm();
+        }
+        Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -187,6 +204,10 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if this.head.is_some() {
+            this.arm();
+        }
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 }

@@ -100,7 +100,10 @@ pub async fn serve<S, B>(
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            Some(done) = connections.join_next(), if !connections.is_empty() => {
+                log_panic(done);
+                continue;
+            }
             _ = shutdown.wait_for(|s| *s) => break,
         };
         let (stream, peer) = match accepted {
@@ -164,6 +167,7 @@ pub async fn serve<S, B>(
         });
     }
     drop(listener);
+    reap(&mut connections);
     tracing::info!(
         connections = connections.len(),
         "draining: idle connections close now, in-flight requests may finish"
@@ -173,6 +177,8 @@ pub async fn serve<S, B>(
         .await
         .is_err()
     {
+        // Only connections still running: the idle ones closed at the start of the drain.
+        reap(&mut connections);
         let cut = connections.len();
         if let Some(m) = &settings.metrics {
             for _ in 0..cut {
@@ -186,6 +192,22 @@ pub async fn serve<S, B>(
         );
     }
     connections.shutdown().await;
+}
+
+/// Joins the connection tasks that have ended, so that `len` counts the running ones.
+fn reap(connections: &mut JoinSet<()>) {
+    while let Some(done) = connections.try_join_next() {
+        log_panic(done);
+    }
+}
+
+/// A connection task that panicked is a bug: say so instead of dropping it silently.
+fn log_panic(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done
+        && e.is_panic()
+    {
+        tracing::error!(error = %e, "a client connection task panicked");
+    }
 }
 
 /// The answer hook of one connection: adds `Connection: close` to an answer given before its

@@ -103,17 +103,22 @@ async fn a_half_sent_admin_head_does_not_hold_shutdown() {
 /// shutdown returns.
 #[tokio::test(start_paused = true)]
 async fn the_drain_timeout_cuts_what_is_left() {
-    let (_up, _policy, proxy) = seeded_with(
+    let (up, _policy, proxy) = seeded_with(
         Behaviour {
             delay: Duration::from_secs(3600),
             ..Behaviour::default()
         },
         |a| {
             a.upstream_timeout = Some(Duration::from_secs(7200).into());
+            a.connect_timeout = Some(Duration::from_secs(600).into());
             a.drain_timeout = Some(Duration::from_secs(2).into());
         },
     )
     .await;
+    // An idle keep-alive connection, which closes at the start of the drain: not a cut.
+    let mut idle = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    idle.write_all(PROBE).await.unwrap();
+    read_head(&mut idle).await;
     let metrics = std::sync::Arc::clone(&proxy.parts.metrics);
     let mut tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
     let body = event((52.52, 13.40), 0);
@@ -127,8 +132,11 @@ async fn the_drain_timeout_cuts_what_is_left() {
     )
     .await
     .unwrap();
-    // Let the request reach the upstream.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until the request has reached the upstream (small steps of paused time, so that no
+    // timer of the proxy's comes due meanwhile).
+    while up.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let stopped = tokio::time::timeout(Duration::from_secs(60), proxy.shutdown()).await;
     assert!(stopped.is_ok(), "shutdown still waiting after 60 s");
     assert!(closed(&mut tcp).await);

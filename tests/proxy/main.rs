@@ -5,6 +5,7 @@ mod cases;
 mod classes;
 mod clock;
 mod faults;
+mod fuzz;
 mod geography;
 mod lifecycle;
 mod operator;
