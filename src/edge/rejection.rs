@@ -76,6 +76,15 @@ pub enum Rejection {
     BadGateway(String),
     /// The upstream did not answer in time: 504.
     GatewayTimeout,
+    /// The upstream's answer had not begun within the class's `max_request_time` (seconds,
+    /// as configured), counted from admission: 504 (docs/decision.md "Priority classes and
+    /// budgets").
+    ClassTimeout {
+        /// The class's name.
+        class: &'static str,
+        /// The limit.
+        limit: std::time::Duration,
+    },
 }
 
 /// A decision made readable: the rule, the stream, the area and rank, pressure and
@@ -189,7 +198,9 @@ impl Rejection {
             Rejection::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Rejection::HeaderLineTooLong(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Rejection::GatewayTimeout | Rejection::ClassTimeout { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
         }
     }
 
@@ -206,6 +217,7 @@ impl Rejection {
             | Rejection::HeaderLineTooLong(_) => Some(ErrorKind::BadRequest),
             Rejection::BadGateway(_) => Some(ErrorKind::BadGateway),
             Rejection::GatewayTimeout => Some(ErrorKind::GatewayTimeout),
+            Rejection::ClassTimeout { .. } => Some(ErrorKind::ClassTimeout),
         }
     }
 
@@ -315,6 +327,18 @@ impl Rejection {
                 None,
                 None,
             ),
+            Rejection::ClassTimeout { class, limit } => (
+                "urn:shedgate:problem:class-timeout",
+                "Request time limit",
+                format!(
+                    "the upstream had not begun to answer within the {class} class's \
+                     max_request_time ({}); the request may have reached it, resend",
+                    humantime::format_duration(*limit)
+                ),
+                None,
+                None,
+                None,
+            ),
         };
         let problem = Problem {
             kind,
@@ -411,6 +435,10 @@ mod tests {
         for r in [
             Rejection::BodyTimeout,
             Rejection::GatewayTimeout,
+            Rejection::ClassTimeout {
+                class: "critical",
+                limit: std::time::Duration::from_secs(2),
+            },
             Rejection::BadGateway(String::new()),
             Rejection::PayloadTooLarge { limit: 1 },
             Rejection::BadRequest(String::new()),

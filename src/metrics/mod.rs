@@ -326,22 +326,27 @@ pub enum ErrorKind {
     BodyTimeout,
     /// 400.
     BadRequest,
+    /// 504: the class's `max_request_time`.
+    ClassTimeout,
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 5] = [
+    const ALL: [ErrorKind; 6] = [
         ErrorKind::BadGateway,
         ErrorKind::GatewayTimeout,
         ErrorKind::PayloadTooLarge,
         ErrorKind::BodyTimeout,
         ErrorKind::BadRequest,
+        ErrorKind::ClassTimeout,
     ];
 
     /// The request outcome this error is: the client's fault (`rejected`) or the
     /// upstream's (`upstream_error`).
     pub fn outcome(self) -> Outcome {
         match self {
-            ErrorKind::BadGateway | ErrorKind::GatewayTimeout => Outcome::UpstreamError,
+            ErrorKind::BadGateway | ErrorKind::GatewayTimeout | ErrorKind::ClassTimeout => {
+                Outcome::UpstreamError
+            }
             ErrorKind::PayloadTooLarge | ErrorKind::BodyTimeout | ErrorKind::BadRequest => {
                 Outcome::Rejected
             }
@@ -355,6 +360,7 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge => "payload_too_large",
             ErrorKind::BodyTimeout => "body_timeout",
             ErrorKind::BadRequest => "bad_request",
+            ErrorKind::ClassTimeout => "class_timeout",
         }
     }
 }
@@ -381,7 +387,7 @@ pub struct Metrics {
     pub clock_corrected: Gauge,
     /// [`CLOCK_PROBES`].
     pub clock_probes: Counter,
-    proxy_errors: [Counter; 5],
+    proxy_errors: [Counter; 6],
     connection_closes: [Counter; 5],
     reload_success: Counter,
     reload_failure: Counter,

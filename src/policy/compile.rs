@@ -311,6 +311,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         classes[class.index()] = ClassPolicy {
             budget: c.budget,
             wait: c.wait.map(|w| w.0),
+            max_request_time: c.max_request_time.map(|w| w.0),
             mode: c.mode,
             disabled: Disable::from_parts(c.enabled, c.until),
         };

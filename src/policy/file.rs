@@ -43,6 +43,10 @@ pub struct ClassSection {
     /// answer 503 + `Retry-After` (reason `budget`). Without it, `never` streams ignore the
     /// budget.
     pub wait: Option<DurationValue>,
+    /// An admitted request of this class whose upstream answer has not begun within this
+    /// long of its admission is answered 504 (`kind="class_timeout"`), its slot and budget
+    /// share freed at once.
+    pub max_request_time: Option<DurationValue>,
     /// `enforce` or `warn` for every stream of the class.
     pub mode: Option<Mode>,
     /// `false` sheds every sheddable stream of the class (reason `disabled`).

@@ -127,6 +127,9 @@ pub struct ClassPolicy {
     /// How long a `never` request over the budget waits for room; `None`: it does not wait
     /// and ignores the budget.
     pub wait: Option<Duration>,
+    /// Longest an admitted request may wait for the upstream's answer to begin, from
+    /// admission; `None`: only `--upstream-timeout` applies.
+    pub max_request_time: Option<Duration>,
     /// Warn mode for the whole class.
     pub mode: Option<Mode>,
     /// Live disable of the class's sheddable streams.

@@ -65,11 +65,32 @@ where
     // generic future directly trips rustc's higher-ranked `Send` inference.
     let call: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>> =
         Box::pin(inner.oneshot(req));
-    let response = match call.await {
+    let m = &snapshot.metrics;
+    let answered = match snapshot.policy.class(class).max_request_time {
+        None => call.await,
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                // The upstream request is dropped with the call; the slot, the class's
+                // budget share and the stream's in-flight count are freed now, and the wait
+                // is a latency sample as slow as the limit.
+                drop(guard);
+                shared.pressure.record_latency(limit);
+                return reject(
+                    &snapshot,
+                    stream,
+                    Rejection::ClassTimeout {
+                        class: class.as_str(),
+                        limit,
+                    },
+                );
+            }
+        },
+    };
+    let response = match answered {
         Ok(r) => r,
         Err(never) => match never {},
     };
-    let m = &snapshot.metrics;
     match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
             shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
@@ -97,15 +118,20 @@ where
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
 }
 
-/// Answers a request the proxy refuses before forwarding, counting it.
+/// Answers a request the proxy refuses or gives up on, counting it: outcome `rejected` for
+/// the client's faults, `upstream_error` for the upstream's (by [`crate::metrics::ErrorKind::outcome`]).
 pub(super) fn reject(
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     rejection: Rejection,
 ) -> Response<Body> {
-    if let Some(kind) = rejection.error_kind() {
-        snapshot.metrics.global().proxy_error(kind);
-    }
-    snapshot.metrics.request(stream, Outcome::Rejected);
+    let outcome = match rejection.error_kind() {
+        Some(kind) => {
+            snapshot.metrics.global().proxy_error(kind);
+            kind.outcome()
+        }
+        None => Outcome::Rejected,
+    };
+    snapshot.metrics.request(stream, outcome);
     rejection.into_response()
 }

@@ -377,3 +377,61 @@ format = "owntracks"
         "the refused ones never reached the upstream"
     );
 }
+
+/// A class's `max_request_time`: an admitted request whose upstream answer has not begun
+/// within it is answered 504 (`class-timeout`, counted `kind="class_timeout"` and as an
+/// upstream error), and its slot and budget share are free at that moment, although the
+/// upstream is still working: the next request of the class is admitted, not shed for the
+/// budget. A `never` stream's sender gets the 504 too, and resends.
+#[tokio::test(start_paused = true)]
+async fn a_class_request_time_limit_answers_504_and_frees_the_slot() {
+    let streams = r#"
+[classes.best-effort]
+budget = 0.5
+max_request_time = "2s"
+[classes.critical]
+max_request_time = "3s"
+[streams."vehicle.position"]
+supersession = "self-superseding"
+class = "best-effort"
+[streams."geofence.transition"]
+supersession = "never"
+class = "critical"
+"#;
+    let (_upstream, _policy, proxy) = budgeted(streams, 60_000, 2).await;
+    for (stream, limit) in [
+        ("vehicle.position", 2),
+        ("vehicle.position", 2),
+        ("geofence.transition", 3),
+    ] {
+        let started = tokio::time::Instant::now();
+        let a = post(&proxy, stream, event(MUNICH, 0)).await;
+        let waited = started.elapsed();
+        assert_eq!(
+            a.status,
+            StatusCode::GATEWAY_TIMEOUT,
+            "{stream}: {:?}",
+            a.body
+        );
+        assert_eq!(a.json()["type"], "urn:shedgate:problem:class-timeout");
+        assert!(
+            waited >= Duration::from_secs(limit) && waited < Duration::from_secs(limit + 1),
+            "{stream}: answered after {waited:?} (paused time)"
+        );
+        assert_eq!(proxy.parts.pressure.inflight(), 0, "{stream}: slot held");
+    }
+    let m = scrape(&proxy).await;
+    assert_eq!(proxy_errors(&m, "class_timeout"), 3.0);
+    assert_eq!(
+        metric(&m, "shedgate_shed_total", &[("reason", "budget")]),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_requests_total",
+            &[("outcome", "upstream_error")]
+        ),
+        3.0
+    );
+}
