@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::policy::Curve;
 use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
-use crate::proxy::{AdmissionLayer, AdmissionSettings};
+use crate::proxy::{AdmissionLayer, AdmissionSettings, BufferBudget};
 use crate::upstream::Proxy;
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
@@ -52,6 +52,8 @@ pub struct Parts {
     pub pressure: Arc<PressureGauge>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Buffered body bytes (`--max-buffered-bytes`).
+    pub buffers: Arc<BufferBudget>,
 }
 
 /// Builds the request stack, outermost layer first.
@@ -69,6 +71,7 @@ pub fn build_stack(
         .layer(AdmissionLayer::new(
             Arc::clone(&parts.store),
             Arc::clone(&parts.pressure),
+            Arc::clone(&parts.buffers),
             AdmissionSettings {
                 stream_header: config.stream_header.clone(),
                 max_body: config.max_body,
@@ -147,6 +150,7 @@ pub async fn start(
         store: Arc::new(store),
         pressure: Arc::new(PressureGauge::new(config.controller)),
         metrics,
+        buffers: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
     };
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
@@ -248,6 +252,11 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         let m = &parts.metrics;
         m.pressure.set(p.get());
         m.inflight.set(f64::from(parts.pressure.inflight()));
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "bytes far below 2^52 as a gauge value"
+        )]
+        m.buffered_bytes.set(parts.buffers.used() as f64);
         m.rank_cutoff.set(Curve::threshold(p));
         if p > Pressure::SHED_FLOOR {
             // Counters hold integers: accumulate exactly, export whole seconds.

@@ -116,6 +116,10 @@ pub struct ServeArgs {
     /// Request body limit in bytes [default: 1048576].
     #[arg(long, value_name = "BYTES")]
     pub max_body: Option<u64>,
+    /// Sheddable body bytes the proxy may hold at once; over it, sheddable requests are shed
+    /// (reason `memory`) [default: a quarter of the cgroup v2 `memory.max`, else 256 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_buffered_bytes: Option<u64>,
     /// Time the upstream has to send response headers, e.g. `10s` [default: 10s].
     #[arg(long, value_name = "DURATION")]
     pub upstream_timeout: Option<HumanDuration>,
@@ -203,6 +207,8 @@ pub struct Config {
     pub stream_header: HeaderName,
     /// Body limit, bytes (positive).
     pub max_body: u64,
+    /// Budget of buffered sheddable body bytes (at least `max_body`).
+    pub max_buffered_bytes: u64,
     /// Upstream response-header timeout (positive).
     pub upstream_timeout: Duration,
     /// Upstream connect timeout (positive).
@@ -342,6 +348,20 @@ impl Config {
         if max_body == 0 {
             return Err(invalid("max-body", "must be positive"));
         }
+        let max_buffered_bytes = args.max_buffered_bytes.unwrap_or_else(|| {
+            default_buffered_bytes(
+                std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+                    .ok()
+                    .as_deref(),
+            )
+            .max(max_body)
+        });
+        if max_buffered_bytes < max_body {
+            return Err(invalid(
+                "max-buffered-bytes",
+                format!("{max_buffered_bytes} is below max-body {max_body}: no body could be read"),
+            ));
+        }
         let max_inflight = NonZeroU32::new(args.max_inflight.unwrap_or(64))
             .ok_or_else(|| invalid("max-inflight", "must be positive"))?;
         let upstream_timeout = duration(args.upstream_timeout, Duration::from_secs(10));
@@ -394,6 +414,7 @@ impl Config {
             admin_listen,
             stream_header,
             max_body,
+            max_buffered_bytes,
             upstream_timeout,
             connect_timeout: duration(args.connect_timeout, Duration::from_secs(2)),
             header_read_timeout,
@@ -411,6 +432,21 @@ impl Config {
             max_head,
             policy_recheck: duration(args.policy_recheck, crate::live::reload::RECHECK),
         })
+    }
+}
+
+/// Buffered body bytes when `--max-buffered-bytes` is not given: a quarter of the container's
+/// memory limit (cgroup v2 `memory.max`, bytes, or `max` for none), leaving the rest to the
+/// process, its connections and the allocator's slack; 256 MiB without a limit. Never below
+/// 4 MiB.
+pub fn default_buffered_bytes(memory_max: Option<&str>) -> u64 {
+    const UNLIMITED: u64 = 256 * 1024 * 1024;
+    match memory_max
+        .map(str::trim)
+        .and_then(|t| t.parse::<u64>().ok())
+    {
+        Some(limit) => (limit / 4).max(4 * 1024 * 1024),
+        None => UNLIMITED,
     }
 }
 
@@ -445,6 +481,19 @@ mod tests {
             config: Some(path),
             ..flags
         })
+    }
+
+    #[test]
+    fn buffered_bytes_follow_the_cgroup_limit() {
+        let mib = 1024 * 1024;
+        assert_eq!(default_buffered_bytes(Some("268435456\n")), 64 * mib);
+        assert_eq!(default_buffered_bytes(Some("max\n")), 256 * mib);
+        assert_eq!(default_buffered_bytes(None), 256 * mib);
+        assert_eq!(default_buffered_bytes(Some("8388608")), 4 * mib);
+        let mut a = args("http://127.0.0.1:3000");
+        a.max_buffered_bytes = Some(1000);
+        let e = Config::from_args(a).unwrap_err().to_string();
+        assert!(e.contains("max-buffered-bytes"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub enum Rule {
     Pressure,
     /// Its class is over its concurrency budget and no capacity is idle.
     Budget,
+    /// The proxy's budget of buffered body bytes (`--max-buffered-bytes`) is spent.
+    Memory,
     /// Considered by the pressure curve and the budget, and kept.
     Kept,
 }
@@ -40,6 +42,7 @@ impl Rule {
             Rule::Stale => Some(ShedReason::Stale),
             Rule::Pressure => Some(ShedReason::Pressure),
             Rule::Budget => Some(ShedReason::Budget),
+            Rule::Memory => Some(ShedReason::Memory),
             Rule::NeverShed | Rule::UnknownStream | Rule::Kept => None,
         }
     }
@@ -53,6 +56,7 @@ impl Rule {
             Rule::Stale => "stale",
             Rule::Pressure => "pressure",
             Rule::Budget => "budget",
+            Rule::Memory => "memory",
             Rule::Kept => "kept",
         }
     }
@@ -71,24 +75,28 @@ pub enum ShedReason {
     Pressure,
     /// Class over its budget.
     Budget,
+    /// The proxy's buffered body bytes over `--max-buffered-bytes`.
+    Memory,
 }
 
 impl ShedReason {
     /// All reasons, in metric-slot order.
-    pub const ALL: [ShedReason; 4] = [
+    pub const ALL: [ShedReason; 5] = [
         ShedReason::Disabled,
         ShedReason::Stale,
         ShedReason::Pressure,
         ShedReason::Budget,
+        ShedReason::Memory,
     ];
 
-    /// Stable name: `disabled`, `stale`, `pressure`.
+    /// Stable name: `disabled`, `stale`, `pressure`, `budget`, `memory`.
     pub fn as_str(self) -> &'static str {
         match self {
             ShedReason::Disabled => "disabled",
             ShedReason::Stale => "stale",
             ShedReason::Pressure => "pressure",
             ShedReason::Budget => "budget",
+            ShedReason::Memory => "memory",
         }
     }
 
@@ -232,6 +240,16 @@ impl Decision {
         Decision {
             verdict: Verdict::Shed(ShedReason::Budget),
             rule: Rule::Budget,
+            ..Decision::unknown_stream(policy, pressure)
+        }
+    }
+
+    /// The proxy's budget of buffered body bytes ran out while this body was read (the
+    /// middleware's decision, outside [`decide`]): shed with reason `memory`.
+    pub fn memory_exceeded(policy: &Policy, pressure: Pressure) -> Self {
+        Decision {
+            verdict: Verdict::Shed(ShedReason::Memory),
+            rule: Rule::Memory,
             ..Decision::unknown_stream(policy, pressure)
         }
     }

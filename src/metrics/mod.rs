@@ -61,6 +61,8 @@ pub const PRESSURE: &str = "shedgate_pressure";
 pub const PRESSURE_PINNED: &str = "shedgate_pressure_pinned";
 /// Requests admitted to the upstream and not yet finished (response body ended).
 pub const INFLIGHT: &str = "shedgate_inflight_requests";
+/// Sheddable body bytes buffered now, against `--max-buffered-bytes`.
+pub const BUFFERED_BYTES: &str = "shedgate_buffered_body_bytes";
 /// The rank cut-off: ranks above it are being pressure-shed (partly, within the band); 100
 /// when nothing is.
 pub const RANK_CUTOFF: &str = "shedgate_rank_cutoff";
@@ -152,6 +154,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         INFLIGHT,
         "gauge",
         "Requests admitted to the upstream whose response body has not ended.",
+    ),
+    (
+        BUFFERED_BYTES,
+        "gauge",
+        "Sheddable body bytes buffered now (read or being forwarded), against --max-buffered-bytes.",
     ),
     (
         RANK_CUTOFF,
@@ -375,6 +382,8 @@ pub struct Metrics {
     pub pressure_pinned: Gauge,
     /// [`INFLIGHT`].
     pub inflight: Gauge,
+    /// [`BUFFERED_BYTES`].
+    pub buffered_bytes: Gauge,
     /// [`RANK_CUTOFF`].
     pub rank_cutoff: Gauge,
     /// [`SHEDDING_SECONDS`].
@@ -443,6 +452,7 @@ impl Metrics {
             pressure: gauge(PRESSURE),
             pressure_pinned: gauge(PRESSURE_PINNED),
             inflight: gauge(INFLIGHT),
+            buffered_bytes: gauge(BUFFERED_BYTES),
             rank_cutoff: gauge(RANK_CUTOFF),
             shedding_seconds: counter(SHEDDING_SECONDS, vec![]),
             upstream_latency: recorder

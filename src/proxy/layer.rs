@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::budget::ClassLoad;
+use super::memory::BufferBudget;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared};
 use crate::live::PolicyStore;
@@ -17,11 +18,13 @@ pub struct AdmissionLayer {
 }
 
 impl AdmissionLayer {
-    /// A layer deciding with the live policy in `store` and the pressure in `pressure`. The
-    /// clock and the draw are the store's ([`PolicyStore::sources`]): one per proxy.
+    /// A layer deciding with the live policy in `store` and the pressure in `pressure`,
+    /// sheddable bodies drawing on `buffers`. The clock and the draw are the store's
+    /// ([`PolicyStore::sources`]): one per proxy.
     pub fn new(
         store: Arc<PolicyStore>,
         pressure: Arc<PressureGauge>,
+        buffers: Arc<BufferBudget>,
         settings: AdmissionSettings,
     ) -> Self {
         AdmissionLayer {
@@ -30,6 +33,7 @@ impl AdmissionLayer {
                 pressure,
                 settings,
                 classes: Arc::new(ClassLoad::default()),
+                buffers,
                 skew: crate::clock::skew::ClockSkew::default(),
             }),
         }

@@ -9,7 +9,8 @@
 //! One stage per file, in request order (as tower splits `limit` into layer, service and
 //! future): `layer.rs` (configuration), `service.rs` (the framing check, then the branch),
 //! `resolve.rs` (route and stream before the body), `read.rs` (a sheddable body read and
-//! decided), `budget.rs` (class budgets and the capped wait), `forward.rs` (in-flight
+//! decided), `memory.rs` (the budget of buffered body bytes), `budget.rs` (class budgets
+//! and the capped wait), `forward.rs` (in-flight
 //! accounting and the upstream call), `future.rs` (the response future), and `body.rs` (the
 //! body wrappers).
 
@@ -18,6 +19,7 @@ mod budget;
 mod forward;
 mod future;
 mod layer;
+mod memory;
 mod read;
 mod resolve;
 mod service;
@@ -31,6 +33,7 @@ pub use body::{GuardedBody, TimedBody};
 pub use budget::ClassLoad;
 pub use future::ResponseFuture;
 pub use layer::AdmissionLayer;
+pub use memory::BufferBudget;
 pub use service::Admission;
 
 use crate::admission::Load;
@@ -58,6 +61,8 @@ struct Shared {
     settings: AdmissionSettings,
     /// In flight per class, for budgets.
     classes: Arc<ClassLoad>,
+    /// Buffered body bytes (`--max-buffered-bytes`).
+    buffers: Arc<BufferBudget>,
     /// The local clock's offset from the upstream's, from responses' `Date` headers.
     skew: crate::clock::skew::ClockSkew,
 }

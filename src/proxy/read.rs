@@ -15,6 +15,7 @@ use tower::Service;
 use super::Shared;
 use super::budget::{capped, hold_for_room};
 use super::forward::{forward, reject};
+use super::memory::{Budgeted, OverBudget, Reservation, memory_exceeded};
 use crate::BoxError;
 use crate::admission::{Reading, ShedReason, Verdict, assess, decide};
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
@@ -47,12 +48,17 @@ where
     let stream = read_as.known.flatten();
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
+    // Held until the body has been forwarded (the end of this function) or refused.
+    let reservation = Reservation::new(Arc::clone(&shared.buffers));
     let read = tokio::time::timeout(
         settings.body_read_timeout,
-        Limited::new(body, limit).collect(),
+        Limited::new(Budgeted::new(Box::pin(body), reservation.clone()), limit).collect(),
     );
     let bytes = match read.await {
         Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),
+        Ok(Err(e)) if e.is::<OverBudget>() => {
+            return memory_exceeded(&shared, &snapshot, stream);
+        }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             let rejection = Rejection::PayloadTooLarge {
                 limit: settings.max_body,
@@ -199,7 +205,7 @@ where
                     Err(response) => return response,
                 }
             }
-            forward(
+            let response = forward(
                 shared.clone(),
                 inner,
                 Arc::clone(&snapshot),
@@ -207,7 +213,10 @@ where
                 Request::from_parts(parts, body),
                 reserved,
             )
-            .await
+            .await;
+            // The body has been sent: its bytes go back to the budget.
+            drop(reservation);
+            response
         }
     }
 }

@@ -8,6 +8,7 @@ mod faults;
 mod fuzz;
 mod geography;
 mod lifecycle;
+mod memory;
 mod operator;
 mod reload;
 #[cfg(feature = "demo")]
