@@ -248,7 +248,14 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         }
         let now = tokio::time::Instant::now();
         parts.pressure.tick(now);
+        // What decisions see: at least an open schedule's floor, unless pinned.
         let p = parts.pressure.pressure();
+        let p = if parts.pressure.is_pinned() {
+            p
+        } else {
+            let snapshot = parts.store.load();
+            crate::admission::schedule_floor(&snapshot.policy, parts.store.sources().now(), p).0
+        };
         let m = &parts.metrics;
         m.pressure.set(p.get());
         m.inflight.set(f64::from(parts.pressure.inflight()));
@@ -271,7 +278,9 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         last = now;
         upkeep += 1;
         if upkeep.is_multiple_of(20) {
-            m.export_disabled(&parts.store.load().policy, parts.store.sources().now());
+            let (policy, now) = (&parts.store.load().policy, parts.store.sources().now());
+            m.export_disabled(policy, now);
+            m.export_schedules(policy, now);
         }
         if upkeep >= 100 {
             upkeep = 0;

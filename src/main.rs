@@ -68,6 +68,10 @@ struct ExplainArgs {
     /// Pressure, 0.0-1.0.
     #[arg(long)]
     pressure: f64,
+    /// Decide as of this time (RFC 3339, e.g. 2026-12-04T17:30:00+01:00): the schedules open
+    /// then raise the pressure, and ages count from it [default: now].
+    #[arg(long)]
+    at: Option<String>,
     /// The random draw in [0, 1) [default: 0.5, the median draw].
     #[arg(long, default_value_t = 0.5)]
     draw: f64,
@@ -269,7 +273,13 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     }
     let p = &compiled.policy;
     let stream = p.stream(&args.stream);
-    let now = Sources::system().now();
+    let now = match &args.at {
+        None => Sources::system().now(),
+        Some(text) => match text.parse::<jiff::Timestamp>() {
+            Ok(t) => UnixMillis(t.as_millisecond()),
+            Err(e) => return fail(format!("--at {text:?}: {e} (write RFC 3339)")),
+        },
+    };
     let mut facts = match (&args.body, args.lat, args.lon) {
         (Some(path), _, _) => match std::fs::read(path) {
             Ok(bytes) => {
@@ -307,7 +317,8 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         let at = UnixMillis(now.0 - (age * 1000.0).round() as i64);
         facts.time = EventTime::At(at);
     }
-    let decision = admission::decide(
+    let (pressure, schedule) = admission::schedule_floor(p, now, pressure);
+    let mut decision = admission::decide(
         p,
         stream,
         &facts,
@@ -316,6 +327,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         args.draw,
         &admission::Load::IDLE,
     );
+    decision.schedule = schedule;
     let name = stream.map(|id| p.stream_policy(id).name.as_str());
     let explanation = Explanation::new(p, name, &decision);
     if args.json {
@@ -359,6 +371,12 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         p.curve().band(),
         p.curve().ramp()
     );
+    if let Some(name) = &e.schedule {
+        println!(
+            "schedule:    {name} is open: pressure raised from {} to its floor {}",
+            args.pressure, e.pressure
+        );
+    }
     println!("probability: {:.3} (draw {})", e.probability, args.draw);
     println!("policy:      {}", e.policy_version);
     ExitCode::SUCCESS

@@ -139,6 +139,9 @@ pub struct Decision {
     /// Event age in milliseconds when its time was readable and plausible (negative: in the
     /// future).
     pub age_ms: Option<i64>,
+    /// The schedule (index into [`Policy::schedules`]) whose floor raised the pressure, if
+    /// one did ([`schedule_floor`]).
+    pub schedule: Option<usize>,
     /// The event's time was more than [`IMPLAUSIBLE_AFTER`] from `now`: not believed, so
     /// not stale.
     pub implausible_time: bool,
@@ -264,6 +267,7 @@ impl Decision {
             probability: 0.0,
             pressure,
             age_ms: None,
+            schedule: None,
             implausible_time: false,
         }
     }
@@ -299,6 +303,19 @@ impl Load {
         policy.limit(self.capacity).is_some_and(|limit| {
             self.class_inflight[class.index()] >= limit && self.total >= self.capacity
         })
+    }
+}
+
+/// The pressure a decision sees at `now`: at least the floor of the schedules open then
+/// (docs/decision.md "Schedules"), and which schedule raised it, if one did.
+pub fn schedule_floor(
+    policy: &Policy,
+    now: UnixMillis,
+    pressure: Pressure,
+) -> (Pressure, Option<usize>) {
+    match crate::policy::schedule::floor_at(policy.schedules(), now) {
+        Some((i, floor)) if floor > pressure => (floor, Some(i)),
+        _ => (pressure, None),
     }
 }
 

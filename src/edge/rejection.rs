@@ -114,6 +114,9 @@ pub struct Explanation {
     /// Event age in seconds, when its time was readable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub age_seconds: Option<f64>,
+    /// The schedule whose pressure floor raised `pressure`, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
     /// The policy version (content hash).
     pub policy_version: String,
 }
@@ -147,6 +150,10 @@ impl Explanation {
             probability: decision.probability,
             pressure: decision.pressure.get(),
             age_seconds: decision.age_ms.map(crate::clock::millis_to_secs),
+            schedule: decision
+                .schedule
+                .and_then(|i| policy.schedules().get(i))
+                .map(|s| s.name.clone()),
             policy_version: policy.version().to_owned(),
         }
     }

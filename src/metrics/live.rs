@@ -1,7 +1,7 @@
 //! Series of names that left the policy: the exporter has no way to unregister a series, so
 //! a render leaves out every series labelled with a stream, area or route the live policy no
-//! longer has (and `shedgate_policy_info` of versions no longer live, and the disabled gauge
-//! of streams no longer there). A name that comes back
+//! longer has (and `shedgate_policy_info` of versions no longer live, the disabled gauge of
+//! streams no longer there, and the gauge of schedules no longer there). A name that comes back
 //! continues its old count, which counters allow.
 
 use std::collections::HashSet;
@@ -14,6 +14,7 @@ pub(super) struct LiveNames {
     streams: HashSet<String>,
     areas: HashSet<String>,
     routes: HashSet<String>,
+    schedules: HashSet<String>,
     version: String,
 }
 
@@ -25,6 +26,7 @@ impl LiveNames {
             streams: names.streams.into_iter().collect(),
             areas: names.areas.into_iter().collect(),
             routes: names.routes.into_iter().collect(),
+            schedules: policy.schedules().iter().map(|s| s.name.clone()).collect(),
             version: policy.version().to_owned(),
         }
     }
@@ -41,6 +43,7 @@ impl LiveNames {
             "stream" => self.streams.contains(&value),
             "area" => self.areas.contains(&value),
             "route" => self.routes.contains(&value),
+            "schedule" => self.schedules.contains(&value),
             "version" if info => value == self.version,
             // `scope` comes before `name` in the disabled gauge's labels.
             "scope" if disabled => {
@@ -118,12 +121,13 @@ mod tests {
             streams: ["v".to_owned(), "unknown".to_owned()].into(),
             areas: ["berlin".to_owned()].into(),
             routes: ["none".to_owned()].into(),
+            schedules: ["peak".to_owned()].into(),
             version: "abc".to_owned(),
         };
-        let text = "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nx{stream=\"v\",area=\"old\"} 2\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_policy_info{version=\"old\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"stream\",name=\"gone\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\ny 5\n";
+        let text = "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nx{stream=\"v\",area=\"old\"} 2\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_policy_info{version=\"old\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"stream\",name=\"gone\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\nshedgate_schedule_active{schedule=\"peak\"} 1\nshedgate_schedule_active{schedule=\"gone\"} 0\ny 5\n";
         assert_eq!(
             live.filter(text),
-            "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\ny 5\n"
+            "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\nshedgate_schedule_active{schedule=\"peak\"} 1\ny 5\n"
         );
     }
 }

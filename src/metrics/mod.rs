@@ -55,7 +55,8 @@ pub const CLOCK_PROBES: &str = "shedgate_clock_probes_total";
 pub const EVENT_AGE: &str = "shedgate_event_age_seconds";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
-/// Current pressure, 0.0–1.0 (pinned value when pinned).
+/// Pressure as decisions see it, 0.0–1.0: the controller's, raised to an open schedule's
+/// floor; the pinned value when pinned.
 pub const PRESSURE: &str = "shedgate_pressure";
 /// 1 while an operator pins pressure, else 0.
 pub const PRESSURE_PINNED: &str = "shedgate_pressure_pinned";
@@ -73,6 +74,8 @@ pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
 /// Errors answered by the proxy itself, by `kind` (`bad_gateway`, `gateway_timeout`,
 /// `payload_too_large`, `body_timeout`, `bad_request`).
 pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
+/// 1 while a schedule's window is open (its pressure floor applies), else 0; by `schedule`.
+pub const SCHEDULE_ACTIVE: &str = "shedgate_schedule_active";
 /// Client connections shedgate closed on its own, by `reason` ([`CloseReason`]).
 pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
 /// 1 for the live policy's `version` (content hash), 0 for earlier ones.
@@ -179,6 +182,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         PROXY_ERRORS,
         "counter",
         "Errors answered by the proxy, by kind.",
+    ),
+    (
+        SCHEDULE_ACTIVE,
+        "gauge",
+        "1 while a schedule's window is open (its pressure floor applies), by schedule.",
     ),
     (
         CONNECTION_CLOSES,
@@ -406,6 +414,7 @@ pub struct Metrics {
     pub stats: crate::stats::Stats,
     disabled: std::sync::Mutex<std::collections::HashMap<(&'static str, String), Gauge>>,
     policy_info: std::sync::Mutex<Option<Gauge>>,
+    schedules: std::sync::Mutex<std::collections::HashMap<String, Gauge>>,
     /// The live policy's names: renders leave out series of names that left it.
     live: std::sync::Mutex<Option<live::LiveNames>>,
 }
@@ -468,6 +477,7 @@ impl Metrics {
             stats: crate::stats::Stats::default(),
             disabled: std::sync::Mutex::default(),
             policy_info: std::sync::Mutex::new(None),
+            schedules: std::sync::Mutex::default(),
             live: std::sync::Mutex::new(None),
             recorder,
             handle,
@@ -565,6 +575,23 @@ impl Metrics {
                 )
             });
             gauge.set(v);
+        }
+    }
+
+    /// Sets [`SCHEDULE_ACTIVE`] for every schedule of `policy` at `now` (1 open, 0 closed).
+    pub fn export_schedules(&self, policy: &Policy, now: crate::clock::UnixMillis) {
+        let mut gauges = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        for s in policy.schedules() {
+            let gauge = gauges.entry(s.name.clone()).or_insert_with(|| {
+                self.recorder.register_gauge(
+                    &Key::from_parts(
+                        SCHEDULE_ACTIVE,
+                        vec![Label::new("schedule", s.name.clone())],
+                    ),
+                    &metadata(),
+                )
+            });
+            gauge.set(if s.is_open(now) { 1.0 } else { 0.0 });
         }
     }
 

@@ -268,6 +268,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         });
     }
 
+    let schedules = super::schedule::compile_schedules(sf.schedules, streams_path, streams_text)?;
     let routes = compile_routes(
         sf.routes,
         &stream_index,
@@ -517,6 +518,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             stale_status,
             classes,
             retry_after,
+            schedules,
         },
         warnings,
         region_positions,
@@ -527,7 +529,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
 /// `[A-Za-z0-9_.-]`, so no two names can render as one label value (`\` and `"` are escaped
 /// in the exposition format, which made `dock\A` and `dock\\A` collide) and a header value
 /// can name any of them.
-fn label_name_ok(name: &str) -> bool {
+pub(super) fn label_name_ok(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -29,6 +29,27 @@ pub struct StreamsFile {
     pub classes: BTreeMap<Class, ClassSection>,
     /// `Retry-After` policy.
     pub retry_after: Option<RetryAfterSection>,
+    /// Known peaks: pressure floors on a weekly schedule.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleSection>,
+}
+
+/// `[[schedules]]` in `streams.toml` (docs/decision.md "Schedules").
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSection {
+    /// Name, the `schedule` metric label: 1..=64 characters of `[A-Za-z0-9_.-]`, unique.
+    pub name: String,
+    /// Days the window opens (`mon` … `sun`); all days when absent.
+    pub days: Option<Vec<String>>,
+    /// Opening civil time, `HH:MM`.
+    pub start: String,
+    /// Closing civil time, `HH:MM`; before `start` when the window crosses midnight.
+    pub end: String,
+    /// IANA time zone name (`Europe/Berlin`).
+    pub timezone: String,
+    /// Pressure is at least this while the window is open, `(0, 1]`.
+    pub pressure_floor: f64,
 }
 
 /// `[classes.NAME]` in `streams.toml` (docs/decision.md "Priority classes and budgets").

@@ -13,6 +13,7 @@ pub mod path;
 mod region_file;
 mod regions;
 mod routes;
+pub mod schedule;
 #[cfg(test)]
 mod tests;
 
@@ -354,6 +355,7 @@ pub struct Policy {
     stale_status: http::StatusCode,
     classes: [ClassPolicy; 3],
     retry_after: RetryAfterPolicy,
+    schedules: Vec<schedule::Schedule>,
 }
 
 impl Policy {
@@ -461,6 +463,20 @@ impl Policy {
     /// A class's policy.
     pub fn class(&self, class: Class) -> &ClassPolicy {
         &self.classes[class.index()]
+    }
+
+    /// The schedules (`[[schedules]]`), in file order.
+    pub fn schedules(&self) -> &[schedule::Schedule] {
+        &self.schedules
+    }
+
+    /// The pressure floor of the schedules open at `at`, and which one sets it (the highest
+    /// floor wins); `None` when no window is open.
+    pub fn schedule_floor(
+        &self,
+        at: crate::clock::UnixMillis,
+    ) -> Option<(&schedule::Schedule, crate::pressure::Pressure)> {
+        schedule::floor_at(&self.schedules, at).map(|(i, p)| (&self.schedules[i], p))
     }
 
     /// The `Retry-After` policy.

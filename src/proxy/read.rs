@@ -17,7 +17,7 @@ use super::budget::{capped, hold_for_room};
 use super::forward::{forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation, memory_exceeded};
 use crate::BoxError;
-use crate::admission::{Reading, ShedReason, Verdict, assess, decide};
+use crate::admission::{Reading, ShedReason, Verdict, assess, decide, schedule_floor};
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::extract::coding::{DecodeError, decoded};
 use crate::extract::{BodyState, Coordinates, EventTime};
@@ -122,12 +122,17 @@ where
             m.unreadable(stream, route, Fact::Time);
         }
     }
-    let pressure = shared.pressure.admission_pressure();
     // Ages are judged against the upstream's clock when the local one is off by more than
     // the bound (docs/decision.md "Decision rule", step 4).
     let local_now = shared.sources().now();
     let now = shared.skew.correct(local_now);
-    let decision = decide(
+    // A schedule's floor raises pressure while its window is open; a pin overrides both.
+    let (pressure, schedule) = if shared.pressure.is_pinned() {
+        (shared.pressure.admission_pressure(), None)
+    } else {
+        schedule_floor(policy, local_now, shared.pressure.admission_pressure())
+    };
+    let mut decision = decide(
         policy,
         stream,
         &facts,
@@ -136,6 +141,7 @@ where
         shared.sources().draw(),
         &shared.load(),
     );
+    decision.schedule = schedule;
     m.shed(stream, decision.area, decision.verdict);
     if sheddable && matches!(decision.verdict, Verdict::Admit | Verdict::WouldShed(_)) {
         m.admitted(stream, decision.area);

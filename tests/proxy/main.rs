@@ -13,6 +13,7 @@ mod operator;
 mod reload;
 #[cfg(feature = "demo")]
 mod scenarios;
+mod schedules;
 mod support;
 
 use std::time::Duration;
