@@ -1,0 +1,201 @@
+//! Every metric name as a constant, with its kind and description ([`CATALOG`]): the
+//! declared API that tests check the README's table and the Grafana dashboard against.
+
+/// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
+pub const REQUESTS: &str = "shedgate_requests_total";
+/// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `disabled`,
+/// `budget`).
+pub const SHED: &str = "shedgate_shed_total";
+/// Warn-mode would-sheds (admitted), by `stream`, `area` and `reason`. Counted at the observed
+/// pressure, which is higher than enforcement would leave it.
+pub const WOULD_SHED: &str = "shedgate_would_shed_total";
+/// Sheddable requests whose facts could not be read, by `stream`, `route` (its prefix, or
+/// `none`) and `fact` (`body`: not JSON; `coordinates`: missing or invalid, default rank
+/// used; `time`: missing or invalid, not stale; `time_implausible`: more than a day from now,
+/// not believed, not stale; `ambiguous`: stated twice, differently, so unreadable, and for a
+/// stream, unknown). Ambiguity is counted on unknown streams too.
+pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
+/// Sheddable requests admitted by the decision, by `stream` and `area`: with
+/// [`SHED`] (stale aside), the offered sheddable events a completeness objective counts
+/// against (`deploy/prometheus/shedgate-slo.yml`).
+pub const ADMITTED: &str = "shedgate_admitted_total";
+/// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
+pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
+/// The local clock's offset from the upstream's, seconds (positive: the upstream is ahead),
+/// estimated from responses' `Date` headers (see [`crate::clock::skew`]).
+pub const CLOCK_OFFSET: &str = "shedgate_clock_offset_seconds";
+/// 1 while event ages are judged against the upstream's clock because the offset is beyond
+/// the bound (5 s), else 0.
+pub const CLOCK_CORRECTED: &str = "shedgate_clock_corrected";
+/// `OPTIONS *` probes sent to read the upstream's clock while every answer was stale.
+pub const CLOCK_PROBES: &str = "shedgate_clock_probes_total";
+/// Event age at the decision, seconds, by `stream` (sheddable events with a readable time;
+/// negative: in the future).
+pub const EVENT_AGE: &str = "shedgate_event_age_seconds";
+/// The `route` label of requests no route matched.
+pub const NO_ROUTE: &str = "none";
+/// Pressure as decisions see it, 0.0–1.0: the controller's, raised to an open schedule's
+/// floor; the pinned value when pinned.
+pub const PRESSURE: &str = "shedgate_pressure";
+/// 1 while an operator pins pressure, else 0.
+pub const PRESSURE_PINNED: &str = "shedgate_pressure_pinned";
+/// Requests admitted to the upstream and not yet finished (response body ended).
+pub const INFLIGHT: &str = "shedgate_inflight_requests";
+/// Sheddable body bytes buffered now, against `--max-buffered-bytes`.
+pub const BUFFERED_BYTES: &str = "shedgate_buffered_body_bytes";
+/// The rank cut-off: ranks above it are being pressure-shed (partly, within the band); 100
+/// when nothing is.
+pub const RANK_CUTOFF: &str = "shedgate_rank_cutoff";
+/// Seconds spent with pressure above 0.5 (shedding). Alert on its rate, i.e. on duration.
+pub const SHEDDING_SECONDS: &str = "shedgate_shedding_seconds_total";
+/// Upstream latency to response headers, seconds, for requests the upstream answered.
+pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
+/// Errors answered by the proxy itself, by `kind` (`bad_gateway`, `gateway_timeout`,
+/// `payload_too_large`, `body_timeout`, `bad_request`).
+pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
+/// 1 while a schedule's window is open (its pressure floor applies), else 0; by `schedule`.
+pub const SCHEDULE_ACTIVE: &str = "shedgate_schedule_active";
+/// Client connections shedgate closed on its own, by `reason` ([`CloseReason`]).
+pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
+/// 1 for the live policy's `version` (content hash), 0 for earlier ones.
+pub const POLICY_INFO: &str = "shedgate_policy_info";
+/// Policy loads by `outcome` (`success`, `failure`).
+pub const POLICY_RELOADS: &str = "shedgate_policy_reloads_total";
+/// 1 when the last policy load succeeded, 0 when it failed (the previous policy stays live).
+pub const POLICY_RELOAD_SUCCESS: &str = "shedgate_policy_reload_success";
+/// Unix time of the last policy load attempt that read new content (success or failure).
+pub const POLICY_LAST_RELOAD: &str = "shedgate_policy_last_reload_timestamp_seconds";
+
+/// What is live-disabled: `scope` (`stream` or `class`) and `name`; the value is the unix
+/// time it re-enables itself, `+Inf` when disabled until further notice, 0 when enabled.
+pub const DISABLED_UNTIL: &str = "shedgate_disabled_until_timestamp_seconds";
+
+/// Every metric: name, kind, unit and description (the README's table is this list).
+pub const CATALOG: &[(&str, &str, &str)] = &[
+    (
+        REQUESTS,
+        "counter",
+        "Requests by stream and outcome (forwarded, shed, rejected, upstream_error).",
+    ),
+    (
+        SHED,
+        "counter",
+        "Requests shed, by stream, area and reason (pressure, stale, disabled, budget).",
+    ),
+    (
+        WOULD_SHED,
+        "counter",
+        "Warn-mode would-sheds (forwarded), by stream, area and reason; measured at the observed pressure.",
+    ),
+    (
+        UNREADABLE,
+        "counter",
+        "Sheddable requests with unreadable facts, by stream, route (its prefix, or none) and fact (body, coordinates, time, time_implausible, ambiguous: stated twice, differently; counted on unknown streams too).",
+    ),
+    (
+        ADMITTED,
+        "counter",
+        "Sheddable requests admitted by the decision, by stream and area (beside shedgate_shed_total: the offered sheddable events).",
+    ),
+    (
+        OPAQUE,
+        "counter",
+        "Opaque envelopes (encrypted OwnTracks messages, which may hold a geofence transition), by route: forwarded unread, never shed.",
+    ),
+    (
+        CLOCK_OFFSET,
+        "gauge",
+        "Offset of the local clock from the upstream's, seconds (positive: the upstream is ahead), from responses' Date headers.",
+    ),
+    (
+        CLOCK_CORRECTED,
+        "gauge",
+        "1 while event ages are judged against the upstream's clock (offset beyond 5 s), else 0.",
+    ),
+    (
+        CLOCK_PROBES,
+        "counter",
+        "OPTIONS * probes sent to read the upstream's clock while every answer was stale.",
+    ),
+    (
+        EVENT_AGE,
+        "histogram",
+        "Event age at the decision, seconds, by stream (sheddable events with a readable time).",
+    ),
+    (
+        PRESSURE,
+        "gauge",
+        "Current pressure, 0.0-1.0; 0.5 = upstream fully used at its latency target.",
+    ),
+    (
+        PRESSURE_PINNED,
+        "gauge",
+        "1 while an operator pins pressure.",
+    ),
+    (
+        INFLIGHT,
+        "gauge",
+        "Requests admitted to the upstream whose response body has not ended.",
+    ),
+    (
+        BUFFERED_BYTES,
+        "gauge",
+        "Sheddable body bytes buffered now (read or being forwarded), against --max-buffered-bytes.",
+    ),
+    (
+        RANK_CUTOFF,
+        "gauge",
+        "Ranks above this are being pressure-shed; 100 when nothing is.",
+    ),
+    (
+        SHEDDING_SECONDS,
+        "counter",
+        "Seconds spent with pressure above 0.5.",
+    ),
+    (
+        UPSTREAM_LATENCY,
+        "histogram",
+        "Upstream latency to response headers, seconds.",
+    ),
+    (
+        PROXY_ERRORS,
+        "counter",
+        "Errors answered by the proxy, by kind.",
+    ),
+    (
+        SCHEDULE_ACTIVE,
+        "gauge",
+        "1 while a schedule's window is open (its pressure floor applies), by schedule.",
+    ),
+    (
+        CONNECTION_CLOSES,
+        "counter",
+        "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
+         early_answer, lame_duck, drain_cut).",
+    ),
+    (
+        POLICY_INFO,
+        "gauge",
+        "1 for the live policy version (content hash).",
+    ),
+    (
+        POLICY_RELOADS,
+        "counter",
+        "Policy loads by outcome (success, failure).",
+    ),
+    (
+        POLICY_RELOAD_SUCCESS,
+        "gauge",
+        "1 when the last policy load succeeded.",
+    ),
+    (
+        DISABLED_UNTIL,
+        "gauge",
+        "Live-disabled streams and classes: unix time they re-enable, +Inf until further notice, 0 enabled.",
+    ),
+    (
+        POLICY_LAST_RELOAD,
+        "gauge",
+        "Unix time of the last policy load attempt on new content.",
+    ),
+];
