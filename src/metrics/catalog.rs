@@ -4,7 +4,7 @@
 /// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
 pub const REQUESTS: &str = "shedgate_requests_total";
 /// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `disabled`,
-/// `budget`).
+/// `budget`, `memory`).
 pub const SHED: &str = "shedgate_shed_total";
 /// Warn-mode would-sheds (admitted), by `stream`, `area` and `reason`. Counted at the observed
 /// pressure, which is higher than enforcement would leave it.
@@ -80,7 +80,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         SHED,
         "counter",
-        "Requests shed, by stream, area and reason (pressure, stale, disabled, budget).",
+        "Requests shed, by stream, area and reason (pressure, stale, disabled, budget, memory).",
     ),
     (
         WOULD_SHED,
