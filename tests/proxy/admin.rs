@@ -82,13 +82,14 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
     tokio::time::sleep(Duration::from_millis(120)).await;
     let m = scrape(&proxy).await;
     // Every declared metric this traffic touches is exposed (would-sheds need warn mode, the
-    // disabled gauge a disabled stream, opaque envelopes an owntracks route: their own
-    // tests), and nothing undeclared is.
+    // disabled gauge a disabled stream, opaque envelopes an owntracks route, the schedule
+    // gauge a schedule: their own tests), and nothing undeclared is.
     for (name, _, _) in shedgate::metrics::CATALOG {
         if ![
             shedgate::metrics::WOULD_SHED,
             shedgate::metrics::DISABLED_UNTIL,
             shedgate::metrics::OPAQUE,
+            shedgate::metrics::SCHEDULE_ACTIVE,
         ]
         .contains(name)
         {
