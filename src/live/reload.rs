@@ -147,6 +147,22 @@ impl DirWatcher {
     }
 }
 
+/// Whether an event can mean new content. notify 8 also reports opens and read-only closes
+/// (inotify `IN_OPEN`, `IN_CLOSE_NOWRITE`), which every reload's own reads cause: reacting to
+/// them re-read the policy about ten times a second forever. A close after writing still
+/// counts, as does everything else (creates, renames, removes, modifications, attributes).
+fn changes(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    !matches!(
+        kind,
+        EventKind::Access(
+            AccessKind::Open(_)
+                | AccessKind::Read
+                | AccessKind::Close(AccessMode::Read | AccessMode::Execute)
+        )
+    )
+}
+
 fn start_watcher(dir: &std::path::Path, tx: &mpsc::UnboundedSender<()>) -> Option<DirWatcher> {
     let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = Arc::clone(&dead);
@@ -158,7 +174,9 @@ fn start_watcher(dir: &std::path::Path, tx: &mpsc::UnboundedSender<()>) -> Optio
             if event.kind.is_remove() && event.paths.iter().any(|p| p == &root) {
                 flag.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-            let _ = tx.send(());
+            if changes(&event.kind) {
+                let _ = tx.send(());
+            }
         }
         Err(e) => {
             tracing::warn!(error = %e, "policy watcher error");
@@ -205,4 +223,31 @@ async fn next_hangup(hup: &mut Hangup) {
     }
     let _ = hup;
     std::future::pending::<()>().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reading the policy files is not a change (a reload reads them, and reacting to its own
+    /// reads re-read the policy about ten times a second forever); writing one is.
+    #[tokio::test]
+    async fn reads_do_not_trigger_a_reload_and_writes_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("streams.toml");
+        std::fs::write(&file, "# v1\n").unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _watcher = start_watcher(dir.path(), &tx).expect("a watcher");
+        for _ in 0..3 {
+            std::fs::read(&file).unwrap();
+        }
+        let quiet = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+        assert!(quiet.is_err(), "reading the policy triggered a reload");
+        std::fs::write(&file, "# v2\n").unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        assert!(
+            matches!(seen, Ok(Some(()))),
+            "a write did not trigger a reload"
+        );
+    }
 }
