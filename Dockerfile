@@ -2,6 +2,8 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# jemalloc's compiled-in options (a background purge thread).
+COPY .cargo ./.cargo
 COPY src ./src
 COPY benches ./benches
 # Without the demo and its embedded data: the proxy alone.

@@ -12,12 +12,13 @@ use shedgate::extract::{self, Coordinates, EventTime, Facts};
 use shedgate::policy;
 use shedgate::pressure::Pressure;
 
-/// jemalloc (tikv-jemallocator, as Vector uses): it gives freed memory back to the system.
-/// With glibc's malloc, 10,000 idle keep-alive connections took the RSS from 8.6 to 154.5 MiB,
-/// and it stayed at 154.4 MiB 12 s after they closed. With jemalloc it went from 9.7 to
-/// 149.9 MiB and back to 15.3 MiB (`scripts/idle-rss.py`). mimalloc gave 9.8 → 168.3 → 24.4
-/// MiB without transparent huge pages, and 245 MiB with them. CPU per request was within
-/// the machine's noise for all three (README "Benchmarks").
+/// jemalloc (tikv-jemallocator, as Vector uses), with a background thread that purges freed
+/// pages after 1 s (`.cargo/config.toml`): the memory of closed connections goes back to the
+/// system. 10,000 idle keep-alive connections (`scripts/idle-rss.py`): glibc's malloc 8.3 →
+/// 153.8 MiB, still 153.8 MiB 12 s after they closed; jemalloc 10.0 → 155.9 MiB, 15.1 MiB
+/// 12 s after (15.8 MiB after 5 s). Without the background thread jemalloc purged only on
+/// allocator activity (96–148 MiB 20 s after). CPU per request was within the machine's
+/// noise (README "Benchmarks").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
