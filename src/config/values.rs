@@ -39,8 +39,7 @@ impl fmt::Display for HumanDuration {
 
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
+        from_text(d)
     }
 }
 
@@ -48,6 +47,18 @@ impl Serialize for HumanDuration {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
+}
+
+/// A value read from text the way its `FromStr` reads a flag, so a file key and a flag are
+/// refused with the same message.
+fn from_text<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
 }
 
 /// A duration that may be zero, written as humantime text (`0` disables what it delays, `5s`).
@@ -64,15 +75,20 @@ impl FromStr for HumanDelay {
     }
 }
 
+impl fmt::Display for HumanDelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
 impl<'de> Deserialize<'de> for HumanDelay {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
+        from_text(d)
     }
 }
 
 impl Serialize for HumanDelay {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_duration(self.0))
+        s.collect_str(self)
     }
 }
