@@ -237,22 +237,14 @@ pub fn summarise(
 }
 
 impl Decision {
-    /// A capped `never` class stayed over its budget for its whole wait (the middleware's
-    /// decision, outside [`decide`]: it needs the wait): shed with reason `budget`.
-    pub fn cap_exceeded(policy: &Policy, pressure: Pressure) -> Self {
+    /// A shed the middleware decides outside [`decide`], because it needs what `decide` does
+    /// not see: a capped `never` class that stayed over its budget for its whole wait
+    /// ([`Rule::Budget`]), or the buffered body bytes running out while a body was read
+    /// ([`Rule::Memory`]). A rule that does not shed gives an admission.
+    pub fn shed_by(rule: Rule, policy: &Policy, pressure: Pressure) -> Self {
         Decision {
-            verdict: Verdict::Shed(ShedReason::Budget),
-            rule: Rule::Budget,
-            ..Decision::unknown_stream(policy, pressure)
-        }
-    }
-
-    /// The proxy's budget of buffered body bytes ran out while this body was read (the
-    /// middleware's decision, outside [`decide`]): shed with reason `memory`.
-    pub fn memory_exceeded(policy: &Policy, pressure: Pressure) -> Self {
-        Decision {
-            verdict: Verdict::Shed(ShedReason::Memory),
-            rule: Rule::Memory,
+            verdict: rule.shed_reason().map_or(Verdict::Admit, Verdict::Shed),
+            rule,
             ..Decision::unknown_stream(policy, pressure)
         }
     }

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use http::Response;
 
 use super::Shared;
+use super::forward::shed_outside_decide;
 use crate::admission::{Load, ShedReason, Verdict};
-use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::edge::rejection::Body;
 use crate::live::store::Snapshot;
-use crate::metrics::Outcome;
 use crate::policy::{Class, StreamId};
 
 /// Requests in flight per class; wakes `never` requests waiting for room under a cap.
@@ -138,22 +138,13 @@ async fn wait_for_room(
 /// A capped `never` class stayed over its budget for the whole wait: 503 + `Retry-After`.
 fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) -> Response<Body> {
     let policy = &snapshot.policy;
-    let now = shared.sources().now();
-    let pressure = shared.pressure.pressure();
-    let decision = crate::admission::Decision::cap_exceeded(policy, pressure);
-    let m = &snapshot.metrics;
-    m.shed(stream, None, decision.verdict);
-    m.request(stream, Outcome::Shed);
-    m.counts(stream).shed(ShedReason::Budget, now);
-    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
     tracing::warn!(
-        stream = name.unwrap_or(crate::policy::UNKNOWN_STREAM),
+        stream = stream.map_or(crate::policy::UNKNOWN_STREAM, |id| policy
+            .stream_policy(id)
+            .name
+            .as_str()),
         class = policy.class_of(stream).as_str(),
         "capped class stayed over its budget for its whole wait: 503, the sender retries"
     );
-    Rejection::Shed {
-        explanation: Explanation::new(policy, name, &decision),
-        retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
-    }
-    .into_response()
+    shed_outside_decide(shared, snapshot, stream, crate::admission::Rule::Budget)
 }

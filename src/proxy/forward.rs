@@ -15,7 +15,7 @@ use super::Shared;
 use super::body::{GuardedBody, TimedBody};
 use super::budget::ClassGuard;
 use crate::BoxError;
-use crate::edge::rejection::{Body, Rejection};
+use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
@@ -116,6 +116,32 @@ where
         None => m.request(stream, Outcome::UpstreamError),
     }
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
+}
+
+/// Sheds a request for `rule`, decided outside [`crate::admission::decide`] (a capped class's
+/// wait ran out, the buffered bytes ran out): 503 + `Retry-After` with the explanation,
+/// counted like any shed. The sender keeps the event and resends.
+pub(super) fn shed_outside_decide(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    stream: Option<StreamId>,
+    rule: crate::admission::Rule,
+) -> Response<Body> {
+    let policy = &snapshot.policy;
+    let pressure = shared.pressure.pressure();
+    let decision = crate::admission::Decision::shed_by(rule, policy, pressure);
+    let m = &snapshot.metrics;
+    m.shed(stream, None, decision.verdict);
+    m.request(stream, Outcome::Shed);
+    if let Some(reason) = rule.shed_reason() {
+        m.counts(stream).shed(reason, shared.sources().now());
+    }
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    Rejection::Shed {
+        explanation: Explanation::new(policy, name, &decision),
+        retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
+    }
+    .into_response()
 }
 
 /// Answers a request the proxy refuses or gives up on, counting it: outcome `rejected` for

@@ -16,11 +16,10 @@ use http::Response;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use super::Shared;
+use super::forward::shed_outside_decide;
 use crate::BoxError;
-use crate::admission::{Decision, ShedReason};
-use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::edge::rejection::Body;
 use crate::live::store::Snapshot;
-use crate::metrics::Outcome;
 use crate::policy::StreamId;
 
 /// Buffered body bytes: the limit and what is held now. Shared by every request of a proxy.
@@ -170,25 +169,16 @@ pub(super) fn memory_exceeded(
     snapshot: &Snapshot,
     stream: Option<StreamId>,
 ) -> Response<Body> {
-    let policy = &snapshot.policy;
-    let now = shared.sources().now();
-    let pressure = shared.pressure.pressure();
-    let decision = Decision::memory_exceeded(policy, pressure);
-    let m = &snapshot.metrics;
-    m.shed(stream, None, decision.verdict);
-    m.request(stream, Outcome::Shed);
-    m.counts(stream).shed(ShedReason::Memory, now);
-    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
     tracing::debug!(
-        stream = name.unwrap_or(crate::policy::UNKNOWN_STREAM),
+        stream = stream.map_or(crate::policy::UNKNOWN_STREAM, |id| snapshot
+            .policy
+            .stream_policy(id)
+            .name
+            .as_str()),
         limit = shared.buffers.limit(),
         "buffered body bytes over --max-buffered-bytes: 503, the sender retries"
     );
-    Rejection::Shed {
-        explanation: Explanation::new(policy, name, &decision),
-        retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
-    }
-    .into_response()
+    shed_outside_decide(shared, snapshot, stream, crate::admission::Rule::Memory)
 }
 
 #[cfg(test)]
