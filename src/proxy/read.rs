@@ -41,7 +41,7 @@ where
         + Send
         + 'static,
     S::Future: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     let settings = &shared.settings;
@@ -52,7 +52,7 @@ where
     let reservation = Reservation::new(Arc::clone(&shared.buffers));
     let read = tokio::time::timeout(
         settings.body_read_timeout,
-        Limited::new(Budgeted::new(Box::pin(body), reservation.clone()), limit).collect(),
+        Limited::new(Budgeted::new(body, reservation.clone()), limit).collect(),
     );
     let bytes = match read.await {
         Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),

@@ -39,7 +39,7 @@ where
         + Send
         + 'static,
     S::Future: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     type Response = Response<Body>;
