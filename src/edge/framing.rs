@@ -82,15 +82,7 @@ impl Verdicts {
 
     /// Where the client's bytes stand, as far as the tracker can tell.
     pub fn progress(&self) -> Progress {
-        match self.0.lock() {
-            Ok(t) => match t.phase {
-                Phase::Lost => Progress::Unknown,
-                Phase::Head if t.pending.is_empty() => Progress::Between(t.complete),
-                Phase::Head => Progress::InHead(t.complete),
-                _ => Progress::InBody(t.complete),
-            },
-            Err(_) => Progress::Unknown,
-        }
+        self.0.lock().map_or(Progress::Unknown, |t| t.progress())
     }
 }
 
@@ -132,6 +124,9 @@ pub struct HeaderLineTooLong(pub usize);
 pub struct FramingGuard<IO> {
     io: IO,
     tracker: Verdicts,
+    /// The tracker's progress after the last read, kept so the connection's own IO reads it
+    /// without taking the tracker's lock a second time per read.
+    progress: Progress,
 }
 
 impl<IO> FramingGuard<IO> {
@@ -150,9 +145,15 @@ impl<IO> FramingGuard<IO> {
             FramingGuard {
                 io,
                 tracker: tracker.clone(),
+                progress: Progress::Between(0),
             },
             tracker,
         )
+    }
+
+    /// Where the client's bytes stood after the last read (see [`Verdicts::progress`]).
+    pub fn progress(&self) -> Progress {
+        self.progress
     }
 }
 
@@ -173,6 +174,7 @@ impl<IO: Read + Unpin> Read for FramingGuard<IO> {
                 let filled = inner.filled();
                 if let Ok(mut t) = this.tracker.0.lock() {
                     t.feed(filled);
+                    this.progress = t.progress();
                 }
                 buf.put_slice(filled);
                 Poll::Ready(Ok(()))
@@ -213,6 +215,15 @@ impl<IO: Write + Unpin> Write for FramingGuard<IO> {
 }
 
 impl Tracker {
+    fn progress(&self) -> Progress {
+        match self.phase {
+            Phase::Lost => Progress::Unknown,
+            Phase::Head if self.pending.is_empty() => Progress::Between(self.complete),
+            Phase::Head => Progress::InHead(self.complete),
+            _ => Progress::InBody(self.complete),
+        }
+    }
+
     fn feed(&mut self, input: &[u8]) {
         if matches!(self.phase, Phase::Lost) {
             return;

@@ -23,7 +23,7 @@ use std::time::Duration;
 use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
 use tokio::time::{Instant, Sleep};
 
-use super::framing::{FramingGuard, Progress, Verdicts};
+use super::framing::{FramingGuard, Progress};
 use crate::metrics::{CloseReason, Metrics};
 
 /// Longest lingering close: nginx's `lingering_time` default.
@@ -49,7 +49,6 @@ enum Linger {
 #[derive(Debug)]
 pub struct ClientIo<IO> {
     io: FramingGuard<IO>,
-    progress: Verdicts,
     header_read_timeout: Duration,
     /// Armed while a head is part-way; reused across heads.
     timer: Pin<Box<Sleep>>,
@@ -61,19 +60,17 @@ pub struct ClientIo<IO> {
 }
 
 impl<IO> ClientIo<IO> {
-    /// Wraps a guarded connection; `progress` is the guard's tracker. A head part-way for
+    /// Wraps a guarded connection, reading where its bytes stand from the guard. A head part-way for
     /// longer than `header_read_timeout` fails the read (hyper closes the connection without
     /// an answer, as nginx does for `client_header_timeout`). Closes are counted on
     /// `metrics` when given.
     pub fn new(
         io: FramingGuard<IO>,
-        progress: Verdicts,
         header_read_timeout: Duration,
         metrics: Option<std::sync::Arc<Metrics>>,
     ) -> Self {
         ClientIo {
             io,
-            progress,
             header_read_timeout,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             head: None,
@@ -104,7 +101,7 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                match this.progress.progress() {
+                match this.io.progress() {
                     // A new head: one read can end a head and start the next.
                     Progress::InHead(n) if this.head != Some(n) => {
                         this.head = Some(n);
@@ -156,7 +153,7 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
             match &mut this.linger {
                 Linger::Done => return Poll::Ready(Ok(())),
                 Linger::Open => {
-                    let sending = !matches!(this.progress.progress(), Progress::Between(_));
+                    let sending = !matches!(this.io.progress(), Progress::Between(_));
                     ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
                     if !sending {
                         this.linger = Linger::Done;
@@ -175,7 +172,7 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
                     match Pin::new(&mut this.io).poll_read(cx, chunk.unfilled()) {
                         Poll::Ready(Ok(())) if !chunk.filled().is_empty() => {
                             *read += chunk.filled().len() as u64;
-                            let ended = matches!(this.progress.progress(), Progress::Between(_));
+                            let ended = matches!(this.io.progress(), Progress::Between(_));
                             if ended || *read >= LINGER_BYTES {
                                 this.linger = Linger::Done;
                             } else {

@@ -120,12 +120,7 @@ pub async fn serve<S, B>(
         // The framing guard reads each request head on the raw bytes, before hyper
         // normalises what a smuggling attempt would show (see `framing`).
         let (io, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
-        let io = ClientIo::new(
-            io,
-            verdicts.clone(),
-            settings.header_read_timeout,
-            settings.metrics.clone(),
-        );
+        let io = ClientIo::new(io, settings.header_read_timeout, settings.metrics.clone());
         let svc = tower::util::MapRequest::new(stack.clone(), {
             let verdicts = verdicts.clone();
             move |mut req: Request<Incoming>| {
