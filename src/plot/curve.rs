@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontTransform;
 
@@ -219,29 +220,63 @@ fn render<DB: DrawingBackend>(
     }
 }
 
-fn by_rank<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    policy: &Policy,
-    pressures: &[Pressure],
-) -> DrawResult<DB> {
-    let curve = policy.curve();
+/// A chart of shed probability (0–1) against `x`: the shared axes, grid and label styles.
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+fn frame<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    x: std::ops::Range<f64>,
+    x_desc: &str,
+    x_labels: usize,
+    x_format: &dyn Fn(&f64) -> String,
+) -> Result<Chart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
     let mut chart = ChartBuilder::on(area)
         .x_label_area_size(50)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..101.0, 0.0..1.04)?;
+        .build_cartesian_2d(x, 0.0..1.04)?;
     chart
         .configure_mesh()
-        .x_desc("area rank (1 = most important, shed last; 100 = shed first)")
+        .x_desc(x_desc)
         .y_desc("shed probability (0–1)")
-        .x_labels(11)
+        .x_labels(x_labels)
         .y_labels(11)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(x_format)
         .y_label_formatter(&|y| format!("{y:.1}"))
         .axis_desc_style((FONT, 17))
         .label_style((FONT, 14))
         .light_line_style(RGBColor(240, 240, 240))
         .bold_line_style(RGBColor(215, 215, 215))
         .draw()?;
+    Ok(chart)
+}
+
+/// The legend, boxed, where the lines leave room.
+fn legend_box<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    position: SeriesLabelPosition,
+) -> DrawResult<DB> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT, 15))
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
+}
+
+fn by_rank<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    policy: &Policy,
+    pressures: &[Pressure],
+) -> DrawResult<DB> {
+    let curve = policy.curve();
+    let mut chart = frame(
+        area,
+        0.0..101.0,
+        "area rank (1 = most important, shed last; 100 = shed first)",
+        11,
+        &|x| format!("{x:.0}"),
+    )?;
     let marks = marks(policy);
     for (rank, _) in &marks {
         let x = f64::from(rank.get());
@@ -278,37 +313,20 @@ fn by_rank<DB: DrawingBackend>(
             mark_text.clone(),
         )))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font((FONT, 15))
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(180, 180, 180))
-        .draw()?;
-    Ok(())
+    legend_box(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
 fn by_pressure<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     policy: &Policy,
 ) -> DrawResult<DB> {
-    let mut chart = ChartBuilder::on(area)
-        .x_label_area_size(50)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.4..1.0, 0.0..1.04)?;
-    chart
-        .configure_mesh()
-        .x_desc("pressure (0–1; nothing is shed at or below 0.5)")
-        .y_desc("shed probability (0–1)")
-        .x_labels(13)
-        .y_labels(11)
-        .x_label_formatter(&|x| format!("{x:.2}"))
-        .y_label_formatter(&|y| format!("{y:.1}"))
-        .axis_desc_style((FONT, 17))
-        .label_style((FONT, 14))
-        .light_line_style(RGBColor(240, 240, 240))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .draw()?;
+    let mut chart = frame(
+        area,
+        0.4..1.0,
+        "pressure (0–1; nothing is shed at or below 0.5)",
+        13,
+        &|x| format!("{x:.2}"),
+    )?;
     let floor = Pressure::SHED_FLOOR.get();
     chart.draw_series(DashedLineSeries::new(
         [(floor, 0.0), (floor, 1.04)],
@@ -336,14 +354,7 @@ fn by_pressure<DB: DrawingBackend>(
                 PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(width))
             });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 15))
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(180, 180, 180))
-        .draw()?;
-    Ok(())
+    legend_box(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 #[cfg(test)]
