@@ -1,0 +1,267 @@
+//! A scenario: seeded arrivals of events from real geography, each decided by the real rule
+//! at the current pressure, against a simulated upstream; per-second counts.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Failed, Simulator};
+
+use crate::admission::{Load, Verdict, decide};
+use crate::clock::UnixMillis;
+use crate::extract::{Coordinates, EventTime, Facts};
+use crate::policy::{Policy, Rank, StreamId, Supersession};
+use crate::pressure::{ControllerConfig, PressureGauge, TICK};
+
+/// One event of a scenario's traffic.
+#[derive(Debug, Clone)]
+pub struct SimEvent {
+    /// Its stream in the policy (`None`: unknown).
+    pub stream: Option<StreamId>,
+    /// Whether the stream is `never`-shed.
+    pub never: bool,
+    /// Position, degrees.
+    pub lat: f64,
+    /// Position, degrees.
+    pub lon: f64,
+    /// Its rank under the policy.
+    pub rank: Rank,
+}
+
+/// Rank bands a report splits sheds by: priority (1–10), important (11–30), default (31–50),
+/// low (51–100).
+pub const BANDS: [(u8, u8); 4] = [(1, 10), (11, 30), (31, 50), (51, 100)];
+
+/// The index in [`BANDS`] of the band `rank` falls in.
+pub fn band(rank: Rank) -> usize {
+    BANDS
+        .iter()
+        .position(|(lo, hi)| (*lo..=*hi).contains(&rank.get()))
+        .unwrap_or(3)
+}
+
+/// Counts of one second of a scenario.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Second {
+    /// Requests offered.
+    pub offered: u64,
+    /// Admitted to the upstream.
+    pub admitted: u64,
+    /// Completed by the upstream within the timeout, by the second they completed in.
+    pub goodput: u64,
+    /// Timed out or failed after admission.
+    pub failed: u64,
+    /// Sheddable events offered, per band.
+    pub offered_by_band: [u64; 4],
+    /// Sheddable events shed, per band.
+    pub shed_by_band: [u64; 4],
+    /// Never-shed events offered.
+    pub never_offered: u64,
+    /// Never-shed events completed.
+    pub never_delivered: u64,
+    /// Never-shed events admitted that the upstream failed or that timed out.
+    pub never_failed: u64,
+    /// Highest pressure seen in the second.
+    pub max_pressure: f64,
+    /// Pressure at the end of the second.
+    pub end_pressure: f64,
+    /// Latencies of admitted requests that completed, milliseconds.
+    pub latencies_ms: Vec<f64>,
+}
+
+/// A scenario: load phases (duration, offered load as a multiple of capacity) against a
+/// simulator, with the controller and the policy.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// `(duration, offered load / capacity)`, in order.
+    pub load: Vec<(Duration, f64)>,
+    /// The controller's settings.
+    pub controller: ControllerConfig,
+    /// The proxy's upstream timeout.
+    pub timeout: Duration,
+    /// Random seed of arrivals and draws.
+    pub seed: u64,
+}
+
+/// Runs a scenario in-process: Poisson arrivals at the phase's rate, each decided by the real
+/// rule at the current pressure, admitted ones served by the simulator under the timeout,
+/// the controller ticked every [`TICK`]. Deterministic under paused tokio time.
+pub async fn run_scenario(
+    scenario: &Scenario,
+    sim: &Arc<Simulator>,
+    policy: &Arc<Policy>,
+    events: &[SimEvent],
+) -> Vec<Second> {
+    let gauge = Arc::new(PressureGauge::new(scenario.controller));
+    let total: Duration = scenario.load.iter().map(|(d, _)| *d).sum();
+    let seconds = usize::try_from(total.as_secs()).unwrap_or(0) + 2;
+    let report = Arc::new(Mutex::new(vec![Second::default(); seconds]));
+    let start = Instant::now();
+    let second_of = move |t: Instant| {
+        usize::try_from(t.saturating_duration_since(start).as_secs()).unwrap_or(usize::MAX)
+    };
+    // The controller's tick, and a per-second pressure record.
+    let ticker = {
+        let (gauge, report) = (Arc::clone(&gauge), Arc::clone(&report));
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            loop {
+                interval.tick().await;
+                let now = Instant::now();
+                let p = gauge.tick(now);
+                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(s) = r.get_mut(second_of(now)) {
+                    s.max_pressure = s.max_pressure.max(p);
+                    s.end_pressure = p;
+                }
+            }
+        })
+    };
+    let mut rng = fastrand::Rng::with_seed(scenario.seed);
+    let mut tasks = Vec::new();
+    let wall = UnixMillis(1_780_000_000_000);
+    let mut phase_start = Instant::now();
+    for &(duration, factor) in &scenario.load {
+        let rate = sim.capacity() * factor;
+        let end = phase_start + duration;
+        let mut at = phase_start;
+        loop {
+            at += Duration::from_secs_f64(-(1.0 - rng.f64()).max(1e-12).ln() / rate.max(1e-9));
+            if at >= end {
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            let event = events[rng.usize(..events.len())].clone();
+            let draw = rng.f64();
+            let now_wall =
+                UnixMillis(wall.0 + i64::try_from(start.elapsed().as_millis()).unwrap_or(0));
+            let facts = Facts {
+                body: crate::extract::BodyState::Json,
+                coordinates: Coordinates::Valid {
+                    lat: event.lat,
+                    lon: event.lon,
+                },
+                time: EventTime::At(UnixMillis(now_wall.0 - 200)),
+                ambiguous: false,
+            };
+            let load = Load {
+                class_inflight: [0; 3],
+                total: gauge.inflight(),
+                capacity: scenario.controller.max_inflight.get(),
+            };
+            let decision = decide(
+                policy,
+                event.stream,
+                &facts,
+                now_wall,
+                gauge.admission_pressure(),
+                draw,
+                &load,
+            );
+            let sec = second_of(Instant::now());
+            let admitted = !matches!(decision.verdict, Verdict::Shed(_));
+            {
+                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(s) = r.get_mut(sec) {
+                    s.offered += 1;
+                    if event.never {
+                        s.never_offered += 1;
+                    } else {
+                        s.offered_by_band[band(event.rank)] += 1;
+                        if !admitted {
+                            s.shed_by_band[band(event.rank)] += 1;
+                        }
+                    }
+                    if admitted {
+                        s.admitted += 1;
+                    }
+                }
+            }
+            if !admitted {
+                continue;
+            }
+            let (gauge, sim, report) = (Arc::clone(&gauge), Arc::clone(sim), Arc::clone(&report));
+            let timeout = scenario.timeout;
+            tasks.push(tokio::spawn(async move {
+                let _inflight = gauge.start();
+                let began = Instant::now();
+                let outcome = tokio::time::timeout(timeout, sim.serve()).await;
+                let done = Instant::now();
+                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(s) = r.get_mut(second_of(done)) else {
+                    return;
+                };
+                match outcome {
+                    Ok(Ok(())) => {
+                        let latency = done - began;
+                        gauge.record_latency(latency);
+                        s.goodput += 1;
+                        s.latencies_ms.push(latency.as_secs_f64() * 1e3);
+                        if event.never {
+                            s.never_delivered += 1;
+                        }
+                    }
+                    Ok(Err(Failed)) => {
+                        // Not a latency sample (the middleware skips upstream 5xx alike).
+                        s.failed += 1;
+                        s.never_failed += u64::from(event.never);
+                    }
+                    Err(_) => {
+                        // A timeout is overload, not a fast sample.
+                        gauge.record_latency(timeout);
+                        s.failed += 1;
+                        s.never_failed += u64::from(event.never);
+                    }
+                }
+            }));
+        }
+        phase_start = end;
+    }
+    tokio::time::sleep_until(phase_start + Duration::from_secs(1)).await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    ticker.abort();
+    let r = report.lock().unwrap_or_else(|e| e.into_inner());
+    r.clone()
+}
+
+/// The stream mix of the scenario tests and the overload benchmark: 95% sheddable, so at 10x
+/// the never-shed share alone is half the upstream's capacity.
+pub const MIX: &[(&str, f64)] = &[
+    ("vehicle.position", 0.75),
+    ("sensor.reading", 0.15),
+    ("tile.render", 0.05),
+    ("geofence.transition", 0.03),
+    ("dlq.replay", 0.02),
+];
+
+/// Events from real geography: cities weighted by population and rural places (the demo's
+/// data), with the given stream mix `(stream name, share)`, ranked by `policy`.
+pub fn geographic_events(
+    policy: &Policy,
+    mix: &[(&str, f64)],
+    n: usize,
+    seed: u64,
+) -> Vec<SimEvent> {
+    let geography = crate::demo::geography::Geography::embedded();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n)
+        .map(|_| {
+            let stream = crate::demo::geography::pick_stream(&mut rng, mix);
+            let (place, _) = geography.pick(&mut rng, 0.25);
+            let id = policy.stream(stream);
+            let never =
+                id.is_none_or(|id| policy.stream_policy(id).supersession == Supersession::Never);
+            let (_, rank) = policy.area_at(place.lat, place.lon);
+            SimEvent {
+                stream: id,
+                never,
+                lat: place.lat,
+                lon: place.lon,
+                rank,
+            }
+        })
+        .collect()
+}
