@@ -114,6 +114,11 @@ impl PressureGauge {
         }
     }
 
+    /// The in-flight count class budgets share (`--max-inflight`).
+    pub fn capacity(&self) -> u32 {
+        self.max_inflight.get()
+    }
+
     /// Requests in flight now.
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)

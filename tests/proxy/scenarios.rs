@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shedgate::demo::sim::{
-    Figures, Phase, Scenario, Second, ServiceTime, Simulator, geographic_events, run_scenario,
+    Figures, Phase, Replicas, Scenario, Second, ServiceTime, Simulator, geographic_events,
+    run_scenario,
 };
 use shedgate::pressure::ControllerConfig;
 
@@ -67,6 +68,7 @@ async fn run_events(
         },
         timeout: Duration::from_secs(1),
         seed,
+        replicas: Replicas::one(),
     };
     let capacity = sim.capacity();
     (

@@ -27,7 +27,9 @@ mod figures;
 mod scenario;
 
 pub use figures::Figures;
-pub use scenario::{BANDS, MIX, Scenario, Second, SimEvent, band, geographic_events, run_scenario};
+pub use scenario::{
+    BANDS, MIX, Replicas, Scenario, Second, SimEvent, Spread, band, geographic_events, run_scenario,
+};
 
 /// A service-time distribution.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,7 +86,17 @@ pub struct Phase {
 #[error("simulated upstream failure")]
 pub struct Failed;
 
-/// An upstream of fixed capacity.
+/// From `from` (time since the simulator started) on, the upstream runs `workers` workers: an
+/// autoscaler added or removed pods. A removed worker finishes what it already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scale {
+    /// Start, since the simulator started.
+    pub from: Duration,
+    /// Workers from then on (at least 1).
+    pub workers: u32,
+}
+
+/// An upstream of known capacity: `workers` at a time, changed by [`Scale`] steps.
 #[derive(Debug)]
 pub struct Simulator {
     /// When each worker is next free: the queue is kept in virtual time, so that the
@@ -95,6 +107,7 @@ pub struct Simulator {
     worker_count: u32,
     service: ServiceTime,
     phases: Vec<Phase>,
+    scale: Vec<Scale>,
     started: Instant,
     rng: Mutex<fastrand::Rng>,
     served: std::sync::atomic::AtomicU64,
@@ -104,26 +117,56 @@ impl Simulator {
     /// `workers` at a time (at least 1), service times from `service`, `phases` in start
     /// order, random draws from `seed`.
     pub fn new(workers: u32, service: ServiceTime, phases: Vec<Phase>, seed: u64) -> Arc<Self> {
+        Self::scaled(workers, service, phases, Vec::new(), seed)
+    }
+
+    /// As [`Simulator::new`], with the worker count changed by `scale` steps (in start
+    /// order) during the run.
+    pub fn scaled(
+        workers: u32,
+        service: ServiceTime,
+        phases: Vec<Phase>,
+        scale: Vec<Scale>,
+        seed: u64,
+    ) -> Arc<Self> {
         let workers = workers.max(1);
+        let most = scale.iter().map(|s| s.workers).fold(workers, u32::max);
         Arc::new(Simulator {
-            free_at: Mutex::new(vec![Instant::now(); workers as usize]),
+            free_at: Mutex::new(vec![Instant::now(); most as usize]),
             worker_count: workers,
             service,
             phases,
+            scale,
             started: Instant::now(),
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
             served: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// Requests per second it completes when always busy, before any slowdown.
+    /// Requests per second it completes when always busy, before any slowdown or scaling
+    /// step (the reference scenarios express offered load in).
     pub fn capacity(&self) -> f64 {
         f64::from(self.worker_count) / self.service.mean().as_secs_f64()
     }
 
-    /// Its worker count.
+    /// Requests per second it completes when always busy at `since` after it started, with
+    /// the [`Scale`] step of that moment (before any slowdown).
+    pub fn capacity_at(&self, since: Duration) -> f64 {
+        f64::from(self.workers_at(self.started + since)) / self.service.mean().as_secs_f64()
+    }
+
+    /// Its worker count at the start.
     pub fn workers(&self) -> u32 {
         self.worker_count
+    }
+
+    fn workers_at(&self, at: Instant) -> u32 {
+        let t = at.saturating_duration_since(self.started);
+        self.scale
+            .iter()
+            .rev()
+            .find(|s| s.from <= t)
+            .map_or(self.worker_count, |s| s.workers.max(1))
     }
 
     fn phase_at(&self, at: Instant) -> Phase {
@@ -140,7 +183,7 @@ impl Simulator {
             })
     }
 
-    /// Serves one request: FIFO, by the worker that is free first, for a service time at the
+    /// Serves one request: FIFO, by the worker (of those running at its arrival) that is free first, for a service time at the
     /// speed of the phase its service starts in; the request completes when that worker has
     /// served everything queued before it. A request whose caller gives up (drops this
     /// future) keeps its place: an upstream does not learn that a client went away.
@@ -156,9 +199,10 @@ impl Simulator {
         if fail < self.phase_at(now).fail_rate {
             return Err(Failed);
         }
+        let workers = self.workers_at(now) as usize;
         let done = {
             let mut free_at = self.free_at.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(first) = free_at.iter_mut().min() else {
+            let Some(first) = free_at.iter_mut().take(workers).min() else {
                 return Err(Failed);
             };
             let start = (*first).max(now);

@@ -70,30 +70,88 @@ pub struct Second {
     pub latencies_ms: Vec<f64>,
 }
 
-/// A scenario: load phases (duration, offered load as a multiple of capacity) against a
-/// simulator, with the controller and the policy.
+/// How arrivals are spread over the replicas in service at the moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// In turn (a Kubernetes Service with IPVS round robin, an L7 balancer).
+    RoundRobin,
+    /// Uniformly at random (kube-proxy's iptables mode picks a backend at random).
+    Random,
+}
+
+/// The proxy replicas in service: `(from, count)` steps in start order, from the scenario's
+/// start. A replica taken out of service finishes what it holds (a lame duck); a replica put
+/// in service starts cold, as a new pod does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replicas {
+    /// `(since the start, replicas in service from then on)`; the first step should be at 0
+    /// (before it, one replica).
+    pub steps: Vec<(Duration, usize)>,
+    /// How arrivals are spread over them.
+    pub spread: Spread,
+}
+
+impl Replicas {
+    /// One replica throughout.
+    pub fn one() -> Self {
+        Replicas::fixed(1)
+    }
+
+    /// `n` replicas (at least 1) throughout, round robin.
+    pub fn fixed(n: usize) -> Self {
+        Replicas {
+            steps: vec![(Duration::ZERO, n.max(1))],
+            spread: Spread::RoundRobin,
+        }
+    }
+
+    fn at(&self, since: Duration) -> usize {
+        self.steps
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= since)
+            .map_or(1, |(_, n)| (*n).max(1))
+    }
+}
+
+/// A scenario: load phases (duration, offered load as a multiple of the simulator's initial
+/// capacity) against a simulator, through one or more proxy replicas, each with its own
+/// controller.
 #[derive(Debug, Clone)]
 pub struct Scenario {
-    /// `(duration, offered load / capacity)`, in order.
+    /// `(duration, offered load / initial capacity)`, in order.
     pub load: Vec<(Duration, f64)>,
-    /// The controller's settings.
+    /// Every replica's controller settings.
     pub controller: ControllerConfig,
     /// The proxy's upstream timeout.
     pub timeout: Duration,
     /// Random seed of arrivals and draws.
     pub seed: u64,
+    /// The replicas in service over time.
+    pub replicas: Replicas,
 }
 
-/// Runs a scenario in-process: Poisson arrivals at the phase's rate, each decided by the real
-/// rule at the current pressure, admitted ones served by the simulator under the timeout,
-/// the controller ticked every [`TICK`]. Deterministic under paused tokio time.
+/// The replicas of a run: every one ever started, the first `active` in service.
+struct Fleet {
+    gauges: Vec<Arc<PressureGauge>>,
+    /// Each replica's pressure at its last tick (0 once out of service).
+    last: Vec<f64>,
+    active: usize,
+}
+
+/// Runs a scenario in-process: Poisson arrivals at the phase's rate, spread over the
+/// replicas in service, each decided by the real rule at its replica's pressure, admitted
+/// ones served by the simulator under the timeout, every replica's controller ticked every
+/// [`TICK`] (each at its own phase). Deterministic under paused tokio time.
+///
+/// A second's `max_pressure` is the highest any replica saw in it, and its `end_pressure`
+/// the highest of the replicas' last values in it.
 pub async fn run_scenario(
     scenario: &Scenario,
     sim: &Arc<Simulator>,
     policy: &Arc<Policy>,
     events: &[SimEvent],
 ) -> Vec<Second> {
-    let gauge = Arc::new(PressureGauge::new(scenario.controller));
     let total: Duration = scenario.load.iter().map(|(d, _)| *d).sum();
     let seconds = usize::try_from(total.as_secs()).unwrap_or(0) + 2;
     let report = Arc::new(Mutex::new(vec![Second::default(); seconds]));
@@ -101,24 +159,52 @@ pub async fn run_scenario(
     let second_of = move |t: Instant| {
         usize::try_from(t.saturating_duration_since(start).as_secs()).unwrap_or(usize::MAX)
     };
-    // The controller's tick, and a per-second pressure record.
-    let ticker = {
-        let (gauge, report) = (Arc::clone(&gauge), Arc::clone(&report));
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(TICK);
-            loop {
-                interval.tick().await;
-                let now = Instant::now();
-                let p = gauge.tick(now);
-                let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(s) = r.get_mut(second_of(now)) {
-                    s.max_pressure = s.max_pressure.max(p);
-                    s.end_pressure = p;
+    let fleet = Arc::new(Mutex::new(Fleet {
+        gauges: Vec::new(),
+        last: Vec::new(),
+        active: 0,
+    }));
+    let mut tickers = Vec::new();
+    // Puts `n` replicas in service: new ones start cold, with a ticker of their own whose
+    // phase depends on their index (replicas do not tick in step).
+    let scale_to = |n: usize, tickers: &mut Vec<tokio::task::JoinHandle<()>>| {
+        let mut f = fleet.lock().unwrap_or_else(|e| e.into_inner());
+        while f.gauges.len() < n {
+            let index = f.gauges.len();
+            let gauge = Arc::new(PressureGauge::new(scenario.controller));
+            f.gauges.push(Arc::clone(&gauge));
+            f.last.push(0.0);
+            let (fleet, report) = (Arc::clone(&fleet), Arc::clone(&report));
+            let offset = TICK / 10 * u32::try_from((index * 7) % 10).unwrap_or(0);
+            tickers.push(tokio::spawn(async move {
+                let mut interval = tokio::time::interval_at(Instant::now() + offset, TICK);
+                loop {
+                    interval.tick().await;
+                    let now = Instant::now();
+                    let p = gauge.tick(now);
+                    let mut f = fleet.lock().unwrap_or_else(|e| e.into_inner());
+                    if index >= f.active {
+                        continue;
+                    }
+                    f.last[index] = p;
+                    let end = f.last.iter().copied().fold(0.0, f64::max);
+                    let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(s) = r.get_mut(second_of(now)) {
+                        s.max_pressure = s.max_pressure.max(p);
+                        s.end_pressure = end;
+                    }
                 }
-            }
-        })
+            }));
+        }
+        // Out of service: lame ducks finish what they hold but take no arrivals.
+        for last in &mut f.last[n..] {
+            *last = 0.0;
+        }
+        f.active = n;
     };
+    scale_to(scenario.replicas.at(Duration::ZERO), &mut tickers);
     let mut rng = fastrand::Rng::with_seed(scenario.seed);
+    let mut turn = 0usize;
     let mut tasks = Vec::new();
     let wall = UnixMillis(1_780_000_000_000);
     let mut phase_start = Instant::now();
@@ -132,6 +218,19 @@ pub async fn run_scenario(
                 break;
             }
             tokio::time::sleep_until(at).await;
+            let in_service = scenario.replicas.at(at.saturating_duration_since(start));
+            if in_service != fleet.lock().unwrap_or_else(|e| e.into_inner()).active {
+                scale_to(in_service, &mut tickers);
+            }
+            let replica = match scenario.replicas.spread {
+                Spread::RoundRobin => {
+                    turn = turn.wrapping_add(1);
+                    turn % in_service
+                }
+                Spread::Random => rng.usize(..in_service),
+            };
+            let gauge =
+                Arc::clone(&fleet.lock().unwrap_or_else(|e| e.into_inner()).gauges[replica]);
             let event = events[rng.usize(..events.len())].clone();
             let draw = rng.f64();
             let now_wall =
@@ -148,7 +247,7 @@ pub async fn run_scenario(
             let load = Load {
                 class_inflight: [0; 3],
                 total: gauge.inflight(),
-                capacity: scenario.controller.max_inflight.get(),
+                capacity: gauge.capacity(),
             };
             let decision = decide(
                 policy,
@@ -222,7 +321,9 @@ pub async fn run_scenario(
     for t in tasks {
         let _ = t.await;
     }
-    ticker.abort();
+    for t in tickers {
+        t.abort();
+    }
     let r = report.lock().unwrap_or_else(|e| e.into_inner());
     r.clone()
 }
