@@ -76,7 +76,6 @@ pub fn build_stack(
                 stream_header: config.stream_header.clone(),
                 max_body: config.max_body,
                 body_read_timeout: config.body_read_timeout,
-                capacity: config.controller.max_inflight.get(),
             },
         ))
         // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the

@@ -266,7 +266,8 @@ impl Decision {
 }
 
 /// Upstream concurrency as the budgets see it: requests in flight per class (indexed by
-/// [`crate::policy::Class::index`]), in total, and the capacity (`--max-inflight`).
+/// [`crate::policy::Class::index`]), in total, and the capacity
+/// ([`crate::pressure::PressureGauge::capacity`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Load {
     /// In flight per class.

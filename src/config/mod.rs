@@ -68,7 +68,9 @@ pub struct ServeArgs {
     /// Time a client has to send the whole request body [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub body_read_timeout: Option<HumanDuration>,
-    /// In-flight requests at which the upstream is fully used (pressure 0.5) [default: 64].
+    /// A safety cap on this replica's in-flight requests: past it, pressure reads full.
+    /// Optional; "full" is learned from latency, so leave it unset unless a hard per-replica
+    /// limit is wanted (README "Sizing") [default: none].
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<u32>,
     /// Upstream latency considered at target (pressure 0.5), e.g. `50ms` [default: 100ms].
@@ -294,8 +296,12 @@ impl Config {
                 format!("{max_buffered_bytes} is below max-body {max_body}: no body could be read"),
             ));
         }
-        let max_inflight = NonZeroU32::new(args.max_inflight.unwrap_or(64))
-            .ok_or_else(|| invalid("max-inflight", "must be positive"))?;
+        let max_inflight = match args.max_inflight {
+            None => None,
+            Some(n) => Some(
+                NonZeroU32::new(n).ok_or_else(|| invalid("max-inflight", "must be positive"))?,
+            ),
+        };
         let upstream_timeout = duration(args.upstream_timeout, Duration::from_secs(10));
         let latency_target = duration(args.latency_target, Duration::from_millis(100));
         if latency_target >= upstream_timeout {

@@ -103,7 +103,10 @@ fn file_then_flags() {
         flags,
     )
     .unwrap();
-    assert_eq!(c.controller.max_inflight.get(), 16);
+    assert_eq!(
+        c.controller.max_inflight.map(std::num::NonZeroU32::get),
+        Some(16)
+    );
     assert_eq!(c.controller.latency_target, Duration::from_millis(25));
     let e = with_file("upstreem = \"x\"\n", ServeArgs::default()).unwrap_err();
     assert!(e.to_string().contains("upstreem"), "{e}");
@@ -142,7 +145,10 @@ host-header = "upstream"
     assert_eq!(c.connect_timeout, Duration::from_secs(1));
     assert_eq!(c.header_read_timeout, Duration::from_secs(4));
     assert_eq!(c.body_read_timeout, Duration::from_secs(5));
-    assert_eq!(c.controller.max_inflight.get(), 12);
+    assert_eq!(
+        c.controller.max_inflight.map(std::num::NonZeroU32::get),
+        Some(12)
+    );
     assert_eq!(c.controller.latency_target, Duration::from_millis(40));
     assert_eq!(c.drain_timeout, Duration::from_secs(6));
     assert_eq!(c.policy_recheck, Duration::from_secs(7));

@@ -292,7 +292,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             return Err(at(
                 streams_path,
                 field("budget"),
-                format!("budget is a share of --max-inflight in (0, 1], got {b}"),
+                format!("budget is a share of in-flight capacity in (0, 1], got {b}"),
             ));
         }
         if c.wait.is_some() && c.budget.is_none() {

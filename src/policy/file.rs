@@ -56,9 +56,10 @@ pub struct ScheduleSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClassSection {
-    /// Share of the upstream's in-flight capacity (`--max-inflight`) this class may hold,
-    /// `(0, 1]`. Sheddable requests over it are shed (reason `budget`) unless capacity is
-    /// idle (borrowing).
+    /// Share of this replica's in-flight capacity this class may hold, `(0, 1]`: the
+    /// `--max-inflight` cap if set, else the in-flight the controller holds at full use (its
+    /// learned concurrency share times 1.25). Sheddable requests over it are shed (reason
+    /// `budget`) unless capacity is idle (borrowing).
     pub budget: Option<f64>,
     /// For `never` streams of this class over the budget: wait up to this long for room, then
     /// answer 503 + `Retry-After` (reason `budget`). Without it, `never` streams ignore the

@@ -123,7 +123,8 @@ impl Disable {
 /// A class's compiled policy.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ClassPolicy {
-    /// Share of `--max-inflight` this class may hold, `(0, 1]`; `None`: unlimited.
+    /// Share of the in-flight capacity ([`crate::pressure::PressureGauge::capacity`]) this
+    /// class may hold, `(0, 1]`; `None`: unlimited.
     pub budget: Option<f64>,
     /// How long a `never` request over the budget waits for room; `None`: it does not wait
     /// and ignores the budget.

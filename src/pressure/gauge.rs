@@ -1,7 +1,6 @@
 //! The gauge: the shared, lock-free front the request path reads and feeds, ticked by one
 //! task.
 
-use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -31,7 +30,6 @@ const UNPINNED: u64 = f64::NAN.to_bits();
 #[derive(Debug)]
 pub struct PressureGauge {
     controller: Mutex<Controller>,
-    max_inflight: NonZeroU32,
     inflight: AtomicU32,
     /// Packed [`LatencyWindow`] (see [`LATENCY_SUM_BITS`]).
     latency: AtomicU64,
@@ -59,7 +57,6 @@ impl PressureGauge {
     pub fn new(config: ControllerConfig) -> Self {
         PressureGauge {
             controller: Mutex::new(Controller::new(config)),
-            max_inflight: config.max_inflight,
             inflight: AtomicU32::new(0),
             latency: AtomicU64::new(0),
             observed: AtomicU64::new(0),
@@ -69,7 +66,7 @@ impl PressureGauge {
     }
 
     fn computed(&self, inflight: u32) -> f64 {
-        self.output.load().pressure(inflight, self.max_inflight)
+        self.output.load().pressure(inflight)
     }
 
     fn pin_value(&self) -> Option<Pressure> {
@@ -114,9 +111,26 @@ impl PressureGauge {
         }
     }
 
-    /// The in-flight count class budgets share (`--max-inflight`).
+    /// The in-flight count class budgets share: the safety cap (`--max-inflight`) if set,
+    /// else the in-flight the loop holds at full use (the learned concurrency share times
+    /// [`SETPOINT`](super::SETPOINT), rounded up); `u32::MAX` while neither is known.
     pub fn capacity(&self) -> u32 {
-        self.max_inflight.get()
+        let out = self.output.load();
+        if let Some(cap) = out.cap {
+            return cap.get();
+        }
+        let full = (out.share * super::SETPOINT).ceil();
+        if full >= 1.0 {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a positive request count, saturating at u32::MAX"
+            )]
+            let full = full as u32;
+            full
+        } else {
+            u32::MAX
+        }
     }
 
     /// Requests in flight now.
@@ -146,7 +160,7 @@ impl PressureGauge {
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
         let out = c.update(now, inflight, observed, latency);
         self.output.store(std::sync::Arc::new(out));
-        out.pressure(inflight, self.max_inflight)
+        out.pressure(inflight)
     }
 
     /// Everything `GET /pressure` shows.

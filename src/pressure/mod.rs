@@ -34,6 +34,9 @@
 
 mod controller;
 mod gauge;
+pub mod noload;
+#[cfg(test)]
+mod tests;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -41,9 +44,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use controller::{
-    Controller, ControllerState, ENGAGED_EFFORT, ERROR_CLAMP, FULL_CONFIDENCE_RATE, INTEGRAL_GAIN,
-    InflightWindow, LATENCY_DECAY_TAU, LATENCY_TAU, LatencyWindow, MAX_EFFORT, Output,
-    PROPORTIONAL_GAIN, REST_MARGIN, SETPOINT, TICK, UTILISATION_TAU,
+    CALM, CALM_TICKS, CAP_GAIN, Controller, ControllerState, ENGAGED_EFFORT, ERROR_CLAMP,
+    FULL_CONFIDENCE_RATE, INTEGRAL_GAIN, InflightWindow, LATENCY_DECAY_TAU, LATENCY_SETPOINT,
+    LATENCY_TAU, LatencyWindow, MAX_EFFORT, MIN_SHARE, Output, PEAK_TAU, PROPORTIONAL_GAIN,
+    RATE_TAU, REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
 };
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
 
@@ -86,8 +90,11 @@ impl Pressure {
 /// Controller settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ControllerConfig {
-    /// The upstream's comfortable concurrency: in-flight requests at which it is fully used.
-    pub max_inflight: NonZeroU32,
+    /// A safety cap on this replica's in-flight requests (`--max-inflight`): in-flight over it
+    /// reads as full and, beyond the proportional part's reference, sheds. Optional and never
+    /// the reference that defines "full" (that is latency against the target and against the
+    /// learned no-load latency, which every replica observes alike); `None`: no cap.
+    pub max_inflight: Option<NonZeroU32>,
     /// The upstream latency (to response headers) considered "at target".
     pub latency_target: Duration,
 }

@@ -87,11 +87,12 @@ impl Shared {
     /// Takes a place in `class` if it is under its budget or capacity is idle: the check and
     /// the increment are one atomic step on the class count.
     fn try_reserve(&self, class: Class, cap: &crate::policy::ClassPolicy) -> Option<ClassGuard> {
-        let limit = cap.limit(self.settings.capacity).unwrap_or(u32::MAX);
+        let capacity = self.pressure.capacity();
+        let limit = cap.limit(capacity).unwrap_or(u32::MAX);
         let count = &self.classes.inflight[class.index()];
         let mut current = count.load(Ordering::Relaxed);
         loop {
-            if current >= limit && self.pressure.inflight() >= self.settings.capacity {
+            if current >= limit && self.pressure.inflight() >= capacity {
                 return None;
             }
             match count.compare_exchange_weak(

@@ -50,8 +50,6 @@ pub struct AdmissionSettings {
     pub max_body: u64,
     /// Time allowed to receive the whole request body.
     pub body_read_timeout: Duration,
-    /// The upstream's in-flight capacity (`--max-inflight`), which class budgets share.
-    pub capacity: u32,
 }
 
 #[derive(Debug)]
@@ -108,6 +106,6 @@ impl Shared {
 
     fn load(&self) -> Load {
         self.classes
-            .load(self.pressure.inflight(), self.settings.capacity)
+            .load(self.pressure.inflight(), self.pressure.capacity())
     }
 }

@@ -6,7 +6,6 @@
     clippy::cast_precision_loss,
     reason = "rates and milliseconds from counts of one scenario, far below 2^52"
 )]
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,7 +62,7 @@ async fn run_events(
             .map(|(s, f)| (Duration::from_secs(*s), *f))
             .collect(),
         controller: ControllerConfig {
-            max_inflight: NonZeroU32::new(WORKERS).unwrap(),
+            max_inflight: None,
             latency_target: Duration::from_millis(TARGET_MS),
         },
         timeout: Duration::from_secs(1),
@@ -77,7 +76,7 @@ async fn run_events(
     )
 }
 
-fn summary(seconds: &[Second], capacity: f64) -> String {
+pub(crate) fn summary(seconds: &[Second], capacity: f64) -> String {
     seconds
         .iter()
         .enumerate()
@@ -117,7 +116,7 @@ fn share(n: u64, of: u64) -> f64 {
 /// Never-shed events are all admitted (and all delivered, unless the upstream itself
 /// failed some), and in every second priority areas lose no larger a share than default
 /// ones (rank bands in order).
-fn assert_invariants(seconds: &[Second], text: &str) {
+pub(crate) fn assert_invariants(seconds: &[Second], text: &str) {
     for (i, s) in seconds.iter().enumerate() {
         let shed: u64 = s.shed_by_band.iter().sum();
         assert_eq!(
@@ -158,7 +157,7 @@ fn assert_invariants(seconds: &[Second], text: &str) {
 /// good: the end of the first second from which every second ends at or below 0.5 (1 =
 /// within the first second). At or below, not strictly below: these scenarios return to
 /// 0.8x, where random queueing now and then takes latency to its target, which is 0.5.
-fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
+pub(crate) fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
     let after = &seconds[overload_end..];
     let calm_from = after
         .iter()

@@ -1,0 +1,206 @@
+//! The learned no-load latency: what the upstream's latency is without a queue, the reference
+//! that says whether latency over the target comes from queueing (shed) or from a slower
+//! upstream (do not).
+//!
+//! Two ways to learn it (docs/pressure.md "Pressure controllers"):
+//!
+//! - **At rest** (no shedding effort), from ordinary traffic, like Netflix Gradient2's long
+//!   window: it follows the smoothed latency down at once, and up with [`LEARN_TAU`] while the
+//!   in-flight count is not growing and latency is at or under the target (over it, a rise
+//!   may be a queue forming at the onset of an overload, which must not become the
+//!   reference; a slower upstream is learned under load instead, below). A growing in-flight count is a queue filling (admissions
+//!   over completions); a deploy that makes the upstream slower grows it only once, by as much
+//!   as Little's law says the slower service holds, and the learning resumes.
+//! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
+//!   its concurrency share for a whole second: the queue is gone, so the latency it measures
+//!   is the upstream's own. This is Envoy `adaptive_concurrency`'s minRTT window (concurrency
+//!   pinned low, latency measured) without a window of its own: shedding too much already
+//!   pinned it. Envoy starts its windows on a jittered timer, one host at a time; a replica
+//!   that drained alone would measure the queue its fleet keeps and call it no-load latency.
+//!   An over-shedding loop is over-shedding on every replica (they read the same latency), so
+//!   the fleet measures together without talking to each other.
+//!
+//! Only the second way verifies the reference: a replica that starts while its fleet holds a
+//! queue learns that queue at rest. Until then its loop reads the queue as in-flight over what
+//! its completion rate holds at the learned latency (Little's law), with no margin.
+
+use std::time::Duration;
+
+/// Time constant with which the no-load latency rises toward the smoothed latency at rest,
+/// while the in-flight count is not growing. Slow next to a tick, fast next to a deploy: a
+/// 3x slower upstream at light load is learned within about a second.
+pub const LEARN_TAU: Duration = Duration::from_millis(300);
+/// Ticks of in-flight history the growth test compares: the mean of the newer half against
+/// the mean of the older half (250 ms each).
+pub const GROWTH_TICKS: usize = 10;
+/// Consecutive ticks of in-flight growth that make a queue filling, not a step: a deploy that
+/// makes the upstream slower raises in-flight once, and the growth test (halves
+/// [`GROWTH_TICKS`] apart) sees that step for at most [`GROWTH_TICKS`] ticks plus the
+/// transition; a queue filling keeps growing. 800 ms.
+pub const SUSTAINED_TICKS: u32 = 16;
+/// Mean in-flight over the learned share (peak completion rate times no-load latency) under
+/// which, for a whole second of shedding ([`UNDER_USED_TICKS`]), the upstream is under-used:
+/// the loop holds a queue (1 to 1.25 times the share), so shedding with less than half of the
+/// share in flight means the queue is gone and something else keeps the effort up (a no-load
+/// latency over what the target allows, or a stale one).
+pub const UNDER_USED: f64 = 0.5;
+/// Ticks of [`UNDER_USED`] shedding before the latency is taken as the no-load latency: a
+/// second, far longer than the tick-to-tick noise of one replica's in-flight count.
+pub const UNDER_USED_TICKS: u32 = 20;
+
+/// Largest fall of the smoothed latency across an under-used second for it to count as the
+/// upstream's own: a queue still draining makes it fall.
+pub const FLAT: f64 = 0.15;
+/// Mean latency over the target, across an under-used second, above which the latency is
+/// taken as the no-load latency: the loop holds latency at the target, so an under-used
+/// replica at the target is one whose share of arrivals fell (more replicas, an upstream
+/// that shrank), not one facing an upstream slower than the target allows.
+pub const OVER_TARGET: f64 = 1.15;
+
+/// The no-load latency learner.
+#[derive(Debug, Clone)]
+pub struct NoLoad {
+    value: Option<f64>,
+    /// Whether an under-used upstream measured `value` (learning at rest may have moved it
+    /// since).
+    verified: bool,
+    history: [u32; GROWTH_TICKS],
+    filled: usize,
+    /// Consecutive ticks the in-flight count has been growing.
+    growing: u32,
+    /// Consecutive ticks of shedding with the upstream under-used, and the sum of the
+    /// smoothed latency over them (seconds).
+    under_used: u32,
+    streak_latency: f64,
+    /// The smoothed latency when the streak began, seconds.
+    streak_start: f64,
+    /// Set when the reference was re-measured under load (read once).
+    relearned: bool,
+}
+
+impl Default for NoLoad {
+    fn default() -> Self {
+        NoLoad {
+            value: None,
+            verified: false,
+            history: [0; GROWTH_TICKS],
+            filled: 0,
+            growing: 0,
+            under_used: 0,
+            streak_latency: 0.0,
+            streak_start: 0.0,
+            relearned: false,
+        }
+    }
+}
+
+/// What the learner sees at a tick.
+#[derive(Debug, Clone, Copy)]
+pub struct TickInput {
+    /// Requests in flight now.
+    pub inflight: u32,
+    /// Mean latency of the tick's samples, seconds (`None`: no samples).
+    pub tick_mean: Option<f64>,
+    /// Mean in-flight over the tick as a multiple of the learned share (0 if unknown).
+    pub utilisation: f64,
+    /// The smoothed latency, seconds.
+    pub smoothed: f64,
+    /// The latency target, seconds.
+    pub target: f64,
+    /// Whether latency (confidence-weighted) is at or under the target.
+    pub calm: bool,
+    /// The shedding effort before this tick.
+    pub effort: f64,
+    /// The learned concurrency share, requests (0: unknown).
+    pub share: f64,
+}
+
+impl NoLoad {
+    /// The no-load latency, seconds; `None` until learned.
+    pub fn value(&self) -> Option<f64> {
+        self.value
+    }
+
+    /// The no-load latency once measured under load, seconds: the reference of the
+    /// standing-queue test.
+    pub fn reference(&self) -> Option<f64> {
+        self.value.filter(|_| self.verified)
+    }
+
+    /// Whether the in-flight count has grown for longer than a step would explain
+    /// ([`SUSTAINED_TICKS`]): a queue filling, admissions over completions.
+    pub fn sustained_growth(&self) -> bool {
+        self.growing >= SUSTAINED_TICKS
+    }
+
+    /// Whether the reference was just re-measured under load: the effort was built against a
+    /// wrong reference (or an unreachable target) and should start again. True once.
+    pub fn take_relearned(&mut self) -> bool {
+        std::mem::take(&mut self.relearned)
+    }
+
+    /// The in-flight growth over the history: mean of the newer half minus mean of the
+    /// older half, requests (0 until the history is full).
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "in-flight counts of a few ticks, far below 2^52"
+    )]
+    fn growth(&self) -> f64 {
+        if self.filled < GROWTH_TICKS {
+            return 0.0;
+        }
+        let half = GROWTH_TICKS / 2;
+        let sum = |s: &[u32]| s.iter().map(|&n| f64::from(n)).sum::<f64>() / s.len() as f64;
+        sum(&self.history[half..]) - sum(&self.history[..half])
+    }
+
+    /// Folds in one tick; `dt` is the time since the previous one, seconds.
+    pub fn update(&mut self, t: TickInput, dt: f64) {
+        self.history.rotate_left(1);
+        self.history[GROWTH_TICKS - 1] = t.inflight;
+        self.filled = (self.filled + 1).min(GROWTH_TICKS);
+        let growing = self.growth() > 1.0 + 0.25 * t.share;
+        self.growing = if growing {
+            self.growing.saturating_add(1)
+        } else {
+            0
+        };
+        let engaged = t.effort > 0.0;
+        if engaged && t.share > 0.0 && t.utilisation < UNDER_USED {
+            if self.under_used == 0 {
+                self.streak_start = t.smoothed;
+            }
+            self.under_used = self.under_used.saturating_add(1);
+            self.streak_latency += t.smoothed;
+        } else {
+            self.under_used = 0;
+            self.streak_latency = 0.0;
+        }
+        let over_target =
+            self.streak_latency / f64::from(self.under_used.max(1)) > OVER_TARGET * t.target;
+        if self.under_used >= UNDER_USED_TICKS && over_target && t.smoothed > 0.0 {
+            self.value = Some(t.smoothed);
+            self.verified = true;
+            self.relearned = true;
+            self.under_used = 0;
+            self.streak_latency = 0.0;
+            return;
+        }
+        let Some(sample) = t.tick_mean else {
+            return;
+        };
+        let Some(value) = self.value else {
+            // First samples: a value to start from.
+            self.value = Some(sample);
+            return;
+        };
+        if engaged {
+            // Under load it moves only when the upstream is seen under-used (above).
+        } else if t.smoothed > 0.0 && t.smoothed < value {
+            self.value = Some(t.smoothed);
+        } else if !growing {
+            let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();
+            self.value = Some(value + a * (t.smoothed - value));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The controller's unit tests: the pure state machine stepped on paused time, with windows
+//! of samples built by hand.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::ControllerConfig;
+use super::controller::{
+    Controller, ERROR_CLAMP, INTEGRAL_GAIN, InflightWindow, LatencyWindow, Output,
+    PROPORTIONAL_GAIN, SETPOINT, TICK,
+};
+use super::gauge::{LATENCY_SUM_BITS, unpack};
+
+fn controller() -> Controller {
+    Controller::new(ControllerConfig {
+        max_inflight: None,
+        latency_target: Duration::from_millis(50),
+    })
+}
+
+fn samples(per_tick: u64, ms: u64) -> LatencyWindow {
+    LatencyWindow {
+        count: per_tick,
+        sum_us: per_tick * ms * 1000,
+    }
+}
+
+/// Runs `secs` of ticks with `inflight` in flight throughout, the wall clock still; returns
+/// the end time and the pressure a decision would see then.
+fn run(
+    c: &mut Controller,
+    start: Instant,
+    secs: f64,
+    inflight: u32,
+    latency: LatencyWindow,
+) -> (Instant, f64) {
+    let mut now = start;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a non-negative number of ticks, saturating at u32::MAX"
+    )]
+    let ticks = (secs / TICK.as_secs_f64()) as u32;
+    let observed = InflightWindow {
+        count: 1,
+        sum: u64::from(inflight),
+    };
+    for _ in 0..ticks {
+        now += TICK;
+        c.update(now, inflight, observed, latency);
+    }
+    (now, c.output().pressure(inflight))
+}
+
+/// A controller that has learned a 25 ms no-load latency from 100 answers a second with 2.5
+/// in flight (Little's law), half the 50 ms target: a share of 2.5, not yet verified.
+fn learned() -> (Controller, Instant) {
+    let mut c = controller();
+    let start = Instant::now();
+    let (now, p) = run(&mut c, start, 3.0, 3, samples(5, 25));
+    assert!(p < 0.5, "{p}");
+    let state = c.state(3);
+    assert!(!state.noload_verified, "only probes verify: {state:?}");
+    assert!(
+        (state.noload_latency_ms.unwrap() - 25.0).abs() < 0.5,
+        "{state:?}"
+    );
+    (c, now)
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_at_target_latency_without_a_queue() {
+    let mut c = controller();
+    // 100 samples/s at exactly the 50 ms target, 5 in flight: no queue, latency at target.
+    let (_, p) = run(&mut c, Instant::now(), 5.0, 5, samples(5, 50));
+    assert!((p - 0.5).abs() < 0.01, "{p} {:?}", c.state(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standing_queue_over_target_builds_effort_until_it_is_gone() {
+    let (mut c, now) = learned();
+    // 8x the no-load latency and 4x the target, in-flight grown to match: overload.
+    let (now, p) = run(&mut c, now, 1.0, 20, samples(5, 200));
+    assert!(p > 0.9, "{p}");
+    assert!(c.output().effort > 2.0, "{:?}", c.state(20));
+    // Held at the target, queue ratio 2 (over the setpoint): once the smoothed latency is
+    // there, latency is the binding term, its error is 0, and the effort stays put.
+    let (now, _) = run(&mut c, now, 1.0, 5, samples(5, 50));
+    let effort = c.output().effort;
+    let (now, p) = run(&mut c, now, 2.0, 5, samples(5, 50));
+    assert!(
+        (c.output().effort - effort).abs() < 1e-3,
+        "{effort} {:?}",
+        c.state(5)
+    );
+    assert!(p > 0.75, "{p}");
+    // The queue goes (answered at the no-load latency): so does the effort.
+    let (_, p) = run(&mut c, now, 4.0, 3, samples(5, 25));
+    assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
+    assert!(p < 0.5, "{p}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn decays_when_samples_stop() {
+    let (mut c, now) = learned();
+    let (now, p) = run(&mut c, now, 3.0, 40, samples(5, 400));
+    assert!(p > 0.95, "{p}");
+    // Everything shed: nothing in flight, no samples. Below 0.5 within 3 s.
+    let (_, p) = run(&mut c, now, 3.0, 0, LatencyWindow::default());
+    assert!(p < 0.5, "{p}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slower_deploy_at_light_load_is_learned_not_shed() {
+    // After a deploy the upstream takes 3x as long (75 ms, over the 50 ms target); the same
+    // 100 answers a second now hold three times as many in flight (Little's law).
+    let (mut c, now) = learned();
+    let (_, p) = run(&mut c, now, 3.0, 8, samples(5, 75));
+    assert!(p <= 0.5, "{p} {:?}", c.state(8));
+    assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
+    let state = c.state(8);
+    assert!(
+        (state.noload_latency_ms.unwrap() - 75.0).abs() < 5.0,
+        "{state:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_with_latency_under_target_builds_no_effort() {
+    // Three times the no-load latency but under the target: the upstream copes.
+    let (mut c, now) = learned();
+    run(&mut c, now, 30.0, 7, samples(5, 40));
+    assert!(c.output().effort.abs() < f64::EPSILON, "{:?}", c.output());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_stops_answering_is_overload() {
+    // Answered as learned, then nothing: no samples while requests pile up.
+    let (mut c, now) = learned();
+    let (_, p) = run(&mut c, now, 3.0, 24, LatencyWindow::default());
+    assert!(p > 0.95, "{p} {:?}", c.state(24));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_a_quiet_night_is_not_a_hang() {
+    // A day's traffic, ten minutes of none, then twice the day's in-flight whose first
+    // answers are not back yet.
+    let (mut c, now) = learned();
+    let (now, _) = run(&mut c, now, 600.0, 0, LatencyWindow::default());
+    let (_, p) = run(&mut c, now, 0.05, 6, LatencyWindow::default());
+    let state = c.state(6);
+    assert!(c.output().effort.abs() < f64::EPSILON, "{state:?}");
+    assert!(state.latency_ratio <= 1.0, "{state:?}");
+    assert!(p <= 0.5, "{p} {state:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_ticker_is_not_a_long_overload() {
+    let (mut c, now) = learned();
+    let before = c.output().effort;
+    // The next tick comes 5 s late, with a deep queue answered slowly.
+    c.update(
+        now + Duration::from_secs(5),
+        40,
+        InflightWindow { count: 1, sum: 40 },
+        samples(5, 500),
+    );
+    let moved = c.output().effort - before;
+    assert!(
+        moved <= INTEGRAL_GAIN * ERROR_CLAMP * 2.0 * TICK.as_secs_f64() + 1e-9,
+        "{moved}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn few_slow_samples_are_noise() {
+    let mut c = controller();
+    // One very slow request per second, nothing else in flight.
+    let mut now = Instant::now();
+    for _ in 0..10 {
+        (now, _) = run(&mut c, now, 0.95, 0, LatencyWindow::default());
+        now += TICK;
+        c.update(now, 1, InflightWindow::default(), samples(1, 500));
+        let p = c.output().pressure(1);
+        assert!(p <= 0.5, "{p} {:?}", c.state(1));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shedding_an_under_used_upstream_re_measures_the_no_load_latency() {
+    // Learned at 25 ms (100 answers a second, 2.5 in flight); then the upstream gets slower
+    // (60 ms, over the 50 ms target) and overloaded: the effort builds on latency and sheds
+    // until one request is in flight, answered 20 times a second, while 200 a second are
+    // still offered. Shedding has left the upstream under-used for a second with latency
+    // flat over the target: that latency is the upstream's own. It becomes the verified
+    // reference, and the queue ratio reads no queue.
+    let (mut c, mut now) = learned();
+    let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
+    now = n;
+    assert!(c.output().effort > 0.0, "{:?}", c.state(20));
+    let offered = InflightWindow { count: 10, sum: 10 };
+    for _ in 0..60 {
+        now += TICK;
+        c.update(now, 1, offered, samples(1, 60));
+    }
+    let state = c.state(1);
+    assert!(state.noload_verified, "{state:?}");
+    assert!(
+        (state.noload_latency_ms.unwrap() - 60.0).abs() < 6.0,
+        "{state:?}"
+    );
+    assert!(state.queue_ratio.unwrap() < SETPOINT, "{state:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fewer_arrivals_for_this_replica_are_not_under_use() {
+    // The same, except that the replica is now offered less than it saw served (more
+    // replicas share the arrivals): holding little is its share, and nothing is re-measured.
+    let (mut c, mut now) = learned();
+    let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
+    now = n;
+    let offered = InflightWindow { count: 1, sum: 1 };
+    for _ in 0..60 {
+        now += TICK;
+        c.update(now, 1, offered, samples(1, 60));
+    }
+    let state = c.state(1);
+    assert!(!state.noload_verified, "{state:?}");
+}
+
+proptest::proptest! {
+    /// Pressure is non-decreasing in the in-flight count and has no cliff: one more request
+    /// in flight moves the load index by at most PROPORTIONAL_GAIN / share.
+    #[test]
+    fn continuous_and_monotone_in_inflight(
+        base in 0.0f64..=1.0,
+        effort in 0.0f64..=super::MAX_EFFORT,
+        share in 1.0f64..64.0,
+        inflight in 0u32..400,
+    ) {
+        let out = Output { base, effort, share, cap: None };
+        let (a, b) = (out.pressure(inflight), out.pressure(inflight + 1));
+        proptest::prop_assert!((0.0..=1.0).contains(&a));
+        proptest::prop_assert!(b >= a);
+        // dp/dx = ln 2 * 2^-x <= ln 2.
+        let step = std::f64::consts::LN_2 * PROPORTIONAL_GAIN / share;
+        proptest::prop_assert!(b - a <= step + 1e-12);
+    }
+
+    /// A cap adds a term and never lowers pressure.
+    #[test]
+    fn a_cap_never_lowers_pressure(
+        base in 0.0f64..=1.0,
+        effort in 0.0f64..=super::MAX_EFFORT,
+        share in 0.0f64..64.0,
+        cap in 1u32..64,
+        inflight in 0u32..400,
+    ) {
+        let free = Output { base, effort, share, cap: None };
+        let capped = Output { cap: NonZeroU32::new(cap), ..free };
+        proptest::prop_assert!(capped.pressure(inflight) >= free.pressure(inflight));
+    }
+
+    /// A packed window gives back the count and sum that went in.
+    #[test]
+    fn packed_windows_round_trip(count in 0u64..(1 << 20), sum in 0u64..(1 << 44)) {
+        let word = (count << LATENCY_SUM_BITS) | sum;
+        proptest::prop_assert_eq!(unpack(word, LATENCY_SUM_BITS), (count, sum));
+    }
+}
