@@ -12,6 +12,8 @@ mod memory;
 mod operator;
 mod reload;
 #[cfg(feature = "demo")]
+mod replicas;
+#[cfg(feature = "demo")]
 mod scenarios;
 mod schedules;
 mod support;

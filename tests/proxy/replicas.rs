@@ -1,0 +1,360 @@
+//! The controller in closed loop with several proxy replicas in front of one upstream, and with
+//! an upstream whose capacity changes (an autoscaler adding or removing workers), in-process
+//! under paused time. Every replica runs its own controller with no concurrency number
+//! (`max_inflight: None`), as an operator who does not know the replica count would start it.
+//! Each scenario asserts the accepted ranges of `scenarios.rs`: goodput at least 95% of the
+//! upstream's capacity at that moment, admitted p99 at most twice the target, never-shed
+//! events all delivered, shed share in rank order every second, pressure back at or below
+//! 0.5 within 3 s of the overload's end.
+
+#![expect(
+    clippy::cast_precision_loss,
+    reason = "rates and milliseconds from counts of one scenario, far below 2^52"
+)]
+use std::sync::Arc;
+use std::time::Duration;
+
+use shedgate::demo::sim::{
+    Figures, MIX, Replicas, Scale, Scenario, Second, ServiceTime, SimEvent, Simulator, Spread,
+    geographic_events, run_scenario,
+};
+use shedgate::pressure::ControllerConfig;
+
+use crate::scenarios::{recovery_seconds, summary};
+
+const WORKERS: u32 = 8;
+const TARGET_MS: u64 = 30;
+
+/// The scenario tests' service time: uniform 10–30 ms (mean 20 ms): 400 req/s at 8 workers.
+const UNIFORM: ServiceTime = ServiceTime::Uniform {
+    min: Duration::from_millis(10),
+    max: Duration::from_millis(30),
+};
+
+fn policy() -> Arc<shedgate::policy::Policy> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    Arc::new(shedgate::policy::load_dir(&dir).unwrap().policy)
+}
+
+/// One run: `load` as `(seconds, multiple of the initial capacity)`, through `replicas`,
+/// against an upstream of [`WORKERS`] workers changed by `scale`. Returns the seconds and the
+/// initial capacity.
+struct Run {
+    service: ServiceTime,
+    target: Duration,
+    cap: Option<u32>,
+    load: Vec<(u64, f64)>,
+    replicas: Replicas,
+    scale: Vec<Scale>,
+    seed: u64,
+}
+
+impl Run {
+    fn new(load: &[(u64, f64)], replicas: Replicas, seed: u64) -> Self {
+        Run {
+            service: UNIFORM,
+            target: Duration::from_millis(TARGET_MS),
+            cap: None,
+            load: load.to_vec(),
+            replicas,
+            scale: Vec::new(),
+            seed,
+        }
+    }
+
+    async fn go(
+        &self,
+        policy: &Arc<shedgate::policy::Policy>,
+        events: &[SimEvent],
+    ) -> (Vec<Second>, f64) {
+        let sim = Simulator::scaled(
+            WORKERS,
+            self.service,
+            Vec::new(),
+            self.scale.clone(),
+            self.seed,
+        );
+        let scenario = Scenario {
+            load: self
+                .load
+                .iter()
+                .map(|(s, f)| (Duration::from_secs(*s), *f))
+                .collect(),
+            controller: ControllerConfig {
+                max_inflight: self.cap.and_then(std::num::NonZeroU32::new),
+                latency_target: self.target,
+            },
+            timeout: Duration::from_secs(1),
+            seed: self.seed,
+            replicas: self.replicas.clone(),
+        };
+        let capacity = sim.capacity();
+        (
+            run_scenario(&scenario, &sim, policy, events).await,
+            capacity,
+        )
+    }
+}
+
+fn figures(
+    name: &str,
+    seconds: &[Second],
+    window: std::ops::Range<usize>,
+    capacity: f64,
+) -> Figures {
+    let f = Figures::of(seconds, window.clone(), capacity);
+    eprintln!("{name} [{}..{}s]: {f}", window.start, window.end);
+    f
+}
+
+/// Never-shed events are all admitted and delivered (unless the upstream failed them), and
+/// in every second a more important band loses no larger a share than a less important one,
+/// within sampling noise. With several replicas the pressure at an instant differs from one
+/// replica to the next, so a second's shares mix several points of one monotone curve: the
+/// order holds for the probabilities, and a band of a dozen events can land either way of
+/// its neighbour by chance. The slack is two standard errors of the difference of the two
+/// shares (pooled), so a real inversion still fails.
+fn assert_invariants(seconds: &[Second], text: &str) {
+    for (i, s) in seconds.iter().enumerate() {
+        let shed: u64 = s.shed_by_band.iter().sum();
+        assert_eq!(
+            s.offered - s.admitted,
+            shed,
+            "second {i}: a never-shed event was shed\n{text}"
+        );
+    }
+    let (offered, delivered, failed) = seconds.iter().fold((0, 0, 0), |(o, d, f), s| {
+        (
+            o + s.never_offered,
+            d + s.never_delivered,
+            f + s.never_failed,
+        )
+    });
+    assert_eq!(delivered + failed, offered, "never-shed delivery\n{text}");
+    for (i, s) in seconds.iter().enumerate() {
+        let bands: Vec<(f64, f64)> = (0..4)
+            .filter(|&b| s.offered_by_band[b] > 0)
+            .map(|b| (s.shed_by_band[b] as f64, s.offered_by_band[b] as f64))
+            .collect();
+        for w in bands.windows(2) {
+            let ((k0, n0), (k1, n1)) = (w[0], w[1]);
+            let pooled = (k0 + k1) / (n0 + n1);
+            let se = (pooled * (1.0 - pooled) * (1.0 / n0 + 1.0 / n1)).sqrt();
+            assert!(
+                k0 / n0 <= k1 / n1 + 2.0 * se,
+                "second {i}: shed share by band {:?} of {:?}\n{text}",
+                s.shed_by_band,
+                s.offered_by_band
+            );
+        }
+    }
+}
+
+fn assert_held(f: &Figures, target_ms: u64, text: &str) {
+    assert!(f.goodput >= 0.95, "goodput: {f}\n{text}");
+    assert!(f.p99_ms <= 2.0 * target_ms as f64, "p99: {f}\n{text}");
+}
+
+/// `replicas` proxies at `factor` times the upstream's capacity for 12 s, after 5 s at 0.8x:
+/// the steady window (from 2 s after the step to its end) held, recovery within 3 s.
+async fn fleet_holds(replicas: usize, factor: f64) {
+    let policy = policy();
+    let events = geographic_events(&policy, MIX, 20_000, 31);
+    let run = Run::new(
+        &[(5, 0.8), (12, factor), (5, 0.5)],
+        Replicas::fixed(replicas),
+        31,
+    );
+    let (s, cap) = run.go(&policy, &events).await;
+    let text = summary(&s, cap);
+    let name = format!("{replicas} replicas, {factor}x");
+    assert_invariants(&s, &text);
+    assert_held(&figures(&name, &s, 7..17, cap), TARGET_MS, &text);
+    assert!(recovery_seconds(&s, 17) <= 3, "{name}\n{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_and_four_replicas_hold_3x_and_10x() {
+    for replicas in [1, 4] {
+        for factor in [3.0, 10.0] {
+            fleet_holds(replicas, factor).await;
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sixteen_replicas_hold_3x() {
+    fleet_holds(16, 3.0).await;
+}
+
+/// Issue 10's range, not met yet: 16 replicas in front of 8 workers each hold a fraction of
+/// a request, and at 10x admitted p99 was 68 ms against 60 (goodput 98.6%).
+#[tokio::test(start_paused = true)]
+#[ignore = "issue 10 open: 16 replicas at 10x hold p99 at 68 ms, over twice the 30 ms target"]
+async fn sixteen_replicas_hold_10x() {
+    fleet_holds(16, 10.0).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
+    count_changes(false).await;
+}
+
+/// Issue 10's range, not met yet: the fleet holds the upstream full through both changes, but
+/// admitted p99 was 85 ms over the 8-replica seconds (six cold replicas joined) and 155 ms
+/// over the 3-replica seconds (their efforts had drifted apart), against 60.
+#[tokio::test(start_paused = true)]
+#[ignore = "issue 10 open: p99 85 ms (8 replicas) and 155 ms (3, after scale-in) against 60"]
+async fn the_replica_count_changing_2_8_3_during_3x_holds_p99() {
+    count_changes(true).await;
+}
+
+/// The replica count going 2 -> 8 -> 3 during 3x: goodput held in every phase; `strict` also
+/// holds the 8- and 3-replica seconds' p99 to twice the target.
+async fn count_changes(strict: bool) {
+    // Scaled out from 2 to 8 at 9 s (six cold replicas join the overload), in to 3 at 14 s
+    // (five finish what they hold and take nothing more); arrivals spread at random, as
+    // kube-proxy's iptables mode does.
+    let policy = policy();
+    let events = geographic_events(&policy, MIX, 20_000, 32);
+    let mut run = Run::new(
+        &[(5, 0.8), (15, 3.0), (5, 0.8)],
+        Replicas {
+            steps: vec![
+                (Duration::ZERO, 2),
+                (Duration::from_secs(9), 8),
+                (Duration::from_secs(14), 3),
+            ],
+            spread: Spread::Random,
+        },
+        32,
+    );
+    let (s, cap) = run.go(&policy, &events).await;
+    let text = summary(&s, cap);
+    assert_invariants(&s, &text);
+    assert_held(&figures("2 replicas, 3x", &s, 7..9, cap), TARGET_MS, &text);
+    for (name, window) in [("8 replicas, 3x", 10..14), ("3 replicas, 3x", 15..20)] {
+        let f = figures(name, &s, window, cap);
+        assert!(f.goodput >= 0.95, "{f}\n{text}");
+        if strict {
+            assert_held(&f, TARGET_MS, &text);
+        }
+    }
+    assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_upstream_tripling_mid_run_is_used() {
+    // Offered 0.85x of the grown upstream throughout (2.55x of the first one); at 10 s it
+    // goes from 8 to 24 workers. Before: held full. Once grown (from 2 s after): at most 1%
+    // of sheddable traffic shed.
+    let policy = policy();
+    let events = geographic_events(&policy, MIX, 20_000, 33);
+    for replicas in [1, 4] {
+        let mut run = Run::new(&[(5, 0.8), (15, 2.55)], Replicas::fixed(replicas), 33);
+        run.scale = vec![Scale {
+            from: Duration::from_secs(10),
+            workers: 3 * WORKERS,
+        }];
+        let (s, cap) = run.go(&policy, &events).await;
+        let text = summary(&s, cap);
+        assert_invariants(&s, &text);
+        assert_held(
+            &figures(
+                &format!("{replicas} replicas, before growth"),
+                &s,
+                7..10,
+                cap,
+            ),
+            TARGET_MS,
+            &text,
+        );
+        let grown = figures(
+            &format!("{replicas} replicas, grown"),
+            &s,
+            12..20,
+            3.0 * cap,
+        );
+        assert!(grown.shed <= 0.01, "{grown}\n{text}");
+        assert!(grown.goodput >= 0.85 * 0.95, "{grown}\n{text}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_upstream_halving_mid_run_is_held_full() {
+    // 3x of the first upstream; at 10 s it goes from 8 to 4 workers (6x of what is left).
+    let policy = policy();
+    let events = geographic_events(&policy, MIX, 20_000, 34);
+    for replicas in [1, 4] {
+        let mut run = Run::new(
+            &[(5, 0.8), (15, 3.0), (5, 0.4)],
+            Replicas::fixed(replicas),
+            34,
+        );
+        run.scale = vec![Scale {
+            from: Duration::from_secs(10),
+            workers: WORKERS / 2,
+        }];
+        let (s, cap) = run.go(&policy, &events).await;
+        let text = summary(&s, cap);
+        assert_invariants(&s, &text);
+        let name = format!("{replicas} replicas");
+        assert_held(
+            &figures(&format!("{name}, before"), &s, 7..10, cap),
+            TARGET_MS,
+            &text,
+        );
+        assert_held(
+            &figures(&format!("{name}, halved"), &s, 12..20, cap / 2.0),
+            TARGET_MS,
+            &text,
+        );
+        assert!(recovery_seconds(&s, 20) <= 3, "{name}\n{text}");
+    }
+}
+
+/// The shared loopback harness (`--max-inflight 8 --latency-target 25ms` in front of 8 workers
+/// x 20 ms): one Berlin vehicle position (rank 5) per request, `factor` times capacity from a
+/// cold start for 20 s. Admitted p99 over the whole run, onset included, at most twice the
+/// target.
+async fn harness_all_rank_5(factor: f64) {
+    let policy = policy();
+    let stream = policy.stream("vehicle.position");
+    let (lat, lon) = (52.520008, 13.404954);
+    let (_, rank) = policy.area_at(lat, lon);
+    assert_eq!(rank.get(), 5);
+    let events = vec![SimEvent {
+        stream,
+        never: false,
+        lat,
+        lon,
+        rank,
+    }];
+    let mut run = Run::new(&[(20, factor)], Replicas::one(), 35);
+    run.service = ServiceTime::Fixed(Duration::from_millis(20));
+    run.target = Duration::from_millis(25);
+    run.cap = Some(8);
+    let (s, capacity) = run.go(&policy, &events).await;
+    let text = summary(&s, capacity);
+    assert_invariants(&s, &text);
+    let f = figures(
+        &format!("all rank 5, {factor}x, whole run"),
+        &s,
+        0..20,
+        capacity,
+    );
+    assert!(f.p99_ms <= 50.0, "{f}\n{text}");
+    assert!(f.goodput >= 0.95, "{f}\n{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_harness_all_rank_5_traffic_at_3x_keeps_p99_within_twice_the_target() {
+    harness_all_rank_5(3.0).await;
+}
+
+/// Issue 10's range, not met yet at 10x: whole-run p99 57 ms against 50 (it was 121 ms).
+#[tokio::test(start_paused = true)]
+#[ignore = "issue 10 open: all-rank-5 traffic at 10x holds whole-run p99 at 57 ms, over 50"]
+async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target() {
+    harness_all_rank_5(10.0).await;
+}
