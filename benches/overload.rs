@@ -5,7 +5,13 @@
 //!
 //! Run: `cargo bench --bench overload` (about three minutes). Prints one table; writes
 //! `docs/overload-shedgate-10x.png` (pressure and shed share per 100 ms of the 10x run, with
-//! title, axis labels, ticks, legend and the overload window named; see `plot`).
+//! title, axis labels, ticks, legend and the overload window named; see `plot`). shedgate
+//! runs as configured by default: no `--max-inflight`, only the latency target.
+//!
+//! `cargo bench --bench overload -- --replicas N`: N shedgate proxies (each a full
+//! `app::start`, its own listener and controller) behind a round-robin spread in front of one
+//! upstream, at 3x and 10x; one table. `-- --grown`: the upstream has three times the workers
+//! and is offered 0.85x of that (the case where a fixed concurrency number shed 12%).
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(
@@ -84,8 +90,15 @@ fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
         .collect()
 }
 
-/// Open-loop Poisson load: `phases` of (seconds, multiple of capacity).
-async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed: u64) -> Vec<Sec> {
+/// Open-loop Poisson load: `phases` of (seconds, multiple of capacity), spread over `urls` in
+/// turn (a round-robin balancer in front of several replicas).
+async fn load(
+    urls: &[String],
+    capacity: f64,
+    phases: &[(u64, f64)],
+    evs: &[Ev],
+    seed: u64,
+) -> Vec<Sec> {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(2048)
         .build_http();
@@ -97,6 +110,7 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
     let mut phase_end = start;
     let mut tasks = Vec::new();
     let clock = Sources::system();
+    let mut turn = 0usize;
     for &(len, factor) in phases {
         phase_end += Duration::from_secs(len);
         let rate = capacity * factor;
@@ -109,7 +123,8 @@ async fn load(url: &str, capacity: f64, phases: &[(u64, f64)], evs: &[Ev], seed:
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
             let body = shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now());
-            let req = Request::post(url)
+            turn = turn.wrapping_add(1);
+            let req = Request::post(&urls[turn % urls.len()])
                 .header("x-stream", ev.stream)
                 .header("content-type", "application/json")
                 .body(Full::new(body))
@@ -415,12 +430,109 @@ fn plot(samples: &[(f64, f64, f64)], path: &Path) {
     root.present().unwrap();
 }
 
+/// `--replicas N`: N shedgate processes' worth of proxies (each a full `app::start`, its own
+/// listener and controller, no `--max-inflight`) behind a round-robin spread, in front of one
+/// upstream, at 3x and 10x. `--grown`: the upstream has three times the workers and is
+/// offered 0.85x of that, the case where a fixed concurrency number shed traffic the upstream
+/// had room for.
+async fn replicas(n: usize, grown: bool, policies: &Path, evs: &[Ev]) {
+    let workers = if grown { 3 * WORKERS } else { WORKERS };
+    let factors: &[f64] = if grown { &[0.85] } else { &[3.0, 10.0] };
+    println!(
+        "upstream: {workers} workers x {} ms = {:.0} req/s; latency target {} ms; {n} replica(s), round robin, no --max-inflight",
+        SERVICE.as_millis(),
+        f64::from(workers) / SERVICE.as_secs_f64(),
+        TARGET.as_millis(),
+    );
+    println!(
+        "| replicas | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | seconds in rank order | CV admitted/s | all delivered after |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for &factor in factors {
+        let sim = Simulator::new(workers, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
+        let capacity = sim.capacity();
+        let (up, up_task) = Arc::clone(&sim).serve_http().await.unwrap();
+        let mut running = Vec::new();
+        for _ in 0..n {
+            let config = Config::from_args(ServeArgs {
+                listen: Some("127.0.0.1:0".parse().unwrap()),
+                admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+                upstream: Some(format!("http://{up}")),
+                policies: Some(policies.to_owned()),
+                latency_target: Some(TARGET.into()),
+                ..ServeArgs::default()
+            })
+            .unwrap();
+            let (r, _) = shedgate::app::start(config, Sources::default())
+                .await
+                .unwrap();
+            running.push(r);
+        }
+        let urls: Vec<String> = running
+            .iter()
+            .map(|r| format!("http://{}/ingest", r.proxy_addr))
+            .collect();
+        let secs = load(
+            &urls,
+            capacity,
+            &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)],
+            evs,
+            3,
+        )
+        .await;
+        let r = summarise(
+            "shedgate",
+            factor,
+            capacity,
+            &secs,
+            recovery(&secs),
+            String::new(),
+        );
+        println!(
+            "| {n} | {}x | {:.1}% | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} |",
+            r.factor,
+            r.goodput * 100.0,
+            r.p50,
+            r.p99,
+            r.never * 100.0,
+            r.bands[0] * 100.0,
+            r.bands[1] * 100.0,
+            r.bands[2] * 100.0,
+            r.in_order,
+            r.cv,
+            r.recover
+        );
+        for r in running {
+            r.shutdown().await;
+        }
+        up_task.abort();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let replicas_arg = args
+        .iter()
+        .position(|a| a == "--replicas")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| {
+            n.parse::<usize>()
+                .expect("--replicas takes a number of replicas")
+        });
+    let grown = args.iter().any(|a| a == "--grown");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
+        if replicas_arg.is_some() || grown {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let policies = root.join("policies");
+            let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
+            replicas(replicas_arg.unwrap_or(1).max(1), grown, &policies, &events(&policy)).await;
+            return;
+        }
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let policies = root.join("policies");
         let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
@@ -446,7 +558,6 @@ fn main() {
                             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
                             upstream: Some(upstream.clone()),
                             policies: Some(dir),
-                            max_inflight: Some(WORKERS),
                             latency_target: Some(TARGET.into()),
                             ..ServeArgs::default()
                         })
@@ -488,7 +599,7 @@ fn main() {
                         }
                     })
                 });
-                let url = format!("http://{addr}/ingest");
+                let url = vec![format!("http://{addr}/ingest")];
                 let secs = load(&url, capacity, &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)], &evs, 3).await;
                 let samples = match sampler {
                     Some(s) => s.await.unwrap(),

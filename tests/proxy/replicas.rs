@@ -217,7 +217,7 @@ async fn count_changes(strict: bool) {
     // kube-proxy's iptables mode does.
     let policy = policy();
     let events = geographic_events(&policy, MIX, 20_000, 32);
-    let mut run = Run::new(
+    let run = Run::new(
         &[(5, 0.8), (15, 3.0), (5, 0.8)],
         Replicas {
             steps: vec![
