@@ -268,3 +268,47 @@ fn the_curve_command_refuses_what_it_cannot_draw() {
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// The Kubernetes manifest autoscales shedgate without a per-replica concurrency number: a
+/// HorizontalPodAutoscaler (autoscaling/v2, on CPU) owns the Deployment's replica count, a
+/// PodDisruptionBudget keeps voluntary disruptions to one pod, and no `--max-inflight` ties
+/// the replicas to a count that the autoscaler changes.
+#[test]
+fn the_kubernetes_manifest_autoscales_without_a_concurrency_number() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/kubernetes/shedgate.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<&str> = text.split("\n---\n").collect();
+    let kind = |k: &str| {
+        docs.iter()
+            .copied()
+            .find(|d| d.lines().any(|l| l.trim() == format!("kind: {k}")))
+            .unwrap_or_else(|| panic!("no {k} in {path}"))
+    };
+    let deployment = kind("Deployment");
+    assert!(!deployment.contains("--max-inflight"), "{deployment}");
+    assert!(
+        !deployment
+            .lines()
+            .any(|l| l.trim_start().starts_with("replicas:")),
+        "the autoscaler owns the count: {deployment}"
+    );
+    assert!(deployment.contains("\"--latency-target\""), "{deployment}");
+    assert!(deployment.contains("requests: {cpu: "), "{deployment}");
+    let hpa = kind("HorizontalPodAutoscaler");
+    for needle in [
+        "apiVersion: autoscaling/v2",
+        "kind: Deployment",
+        "name: shedgate",
+        "name: cpu",
+        "minReplicas: ",
+        "maxReplicas: ",
+    ] {
+        assert!(hpa.contains(needle), "{needle}: {hpa}");
+    }
+    let pdb = kind("PodDisruptionBudget");
+    assert!(pdb.contains("apiVersion: policy/v1"), "{pdb}");
+    assert!(pdb.contains("matchLabels: {app: shedgate}"), "{pdb}");
+}
