@@ -143,7 +143,6 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         admin_listen: Some("127.0.0.1:0".parse()?),
         upstream: Some(format!("http://{upstream_addr}")),
         policies: Some(args.policies.clone()),
-        max_inflight: Some(args.workers.max(1)),
         latency_target: Some(Duration::from_millis(args.service_ms * 3 / 2).into()),
         upstream_timeout: Some(Duration::from_secs(5).into()),
         ..ServeArgs::default()
