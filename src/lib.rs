@@ -23,8 +23,9 @@
 //!
 //! - [`clock`]: unix milliseconds, the one place that reads the wall clock.
 //! - [`pressure`]: the [`pressure::Pressure`] value (0..1) and the proportional-integral
-//!   controller turning in-flight count and upstream latency into it (the integral at each
-//!   tick, the proportional part at each decision).
+//!   controller turning upstream latency, in-flight count and completions into it (the
+//!   integral at each tick, the proportional part at each decision), with the no-load
+//!   latency it learns (`pressure::noload`); no concurrency number is an input.
 //! - [`extract`]: reading facts from bodies — JSON pointers, the walk, format presets, event
 //!   times. Knows nothing of policies.
 //! - [`policy`]: the policy model (streams, classes, routes, areas, the shed curve with
@@ -46,8 +47,8 @@
 //! - [`config`]: process settings (flags and a TOML file), validated into [`config::Config`].
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
 //! - `demo` (cargo feature `demo`, on by default): the self-contained demo (fixed-capacity
-//!   upstream, proxy, real geography) and the upstream simulator with the closed-loop
-//!   scenario runner (`demo::sim`).
+//!   upstream, proxy, real geography) and the upstream simulator (worker-count steps) with
+//!   the closed-loop scenario runner for one or more replicas (`demo::sim`).
 //! - `plot` (cargo feature `plot`, on by default): pictures for operators with an embedded
 //!   font — the policy's shed curve (`shedgate curve`) and the look the benchmarks' plots
 //!   share. Imports only [`policy`] and [`pressure`].

@@ -55,7 +55,7 @@ pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
 pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
 /// 1 while a schedule's window is open (its pressure floor applies), else 0; by `schedule`.
 pub const SCHEDULE_ACTIVE: &str = "shedgate_schedule_active";
-/// Client connections shedgate closed on its own, by `reason` ([`CloseReason`]).
+/// Client connections shedgate closed on its own, by `reason` ([`CloseReason`](super::CloseReason)).
 pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
 /// 1 for the live policy's `version` (content hash), 0 for earlier ones.
 pub const POLICY_INFO: &str = "shedgate_policy_info";
