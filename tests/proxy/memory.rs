@@ -127,17 +127,18 @@ fn peak_rss(pid: u32) -> u64 {
 async fn slow_senders_cannot_hold_more_than_the_buffer_budget() {
     let (upstream, delivered) = counting_upstream().await;
     let policy = PolicyDir::seed();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let proxy_addr = listener.local_addr().unwrap();
-    drop(listener);
+    let free_port = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let (proxy_addr, admin_addr) = (free_port(), free_port());
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
         .args(["serve", "--listen", &proxy_addr.to_string()])
-        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", &admin_addr.to_string()])
         .args(["--upstream", &format!("http://{upstream}")])
         .arg("--policies")
         .arg(policy.path())
         .args(["--max-buffered-bytes", &BUDGET.to_string()])
-        .args(["--max-inflight", "4096"])
         .env("RUST_LOG", "warn")
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -152,6 +153,15 @@ async fn slow_senders_cannot_hold_more_than_the_buffer_budget() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(up, "the proxy did not start");
+    // Pressure pinned at 0: this test is about the buffer budget alone. (2,000 slow senders
+    // are 2,000 requests in flight for seconds, which the controller would rightly read as a
+    // queue and shed on pressure too.)
+    // Both listeners are bound before either serves.
+    let req = Request::put(format!("http://{admin_addr}/pressure"))
+        .body(Full::new(Bytes::from_static(b"{\"pin\": 0.0}")))
+        .unwrap();
+    let pinned = send(req).await;
+    assert!(pinned.status.is_success(), "{pinned:?}");
 
     let mut senders = tokio::task::JoinSet::new();
     for id in 0..SENDERS {
