@@ -210,8 +210,9 @@ impl Output {
 /// ū      = mean in-flight / max(share, MIN_SHARE)      (or / cap, the larger)
 /// q      = l / L0                                      queue ratio, 1 = no queue
 /// lc     = l / T * min(1, max(slow_rate / full, ū - 1))  confidence-weighted latency ratio
-/// e      = clamp(min(q - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
-///          clamp(min(n̄ / (rate * L0) - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   not yet
+/// qn     = n̄ / (rate * L0)                             in-flight over what completions hold
+/// e      = clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
+///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet
 /// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
 ///          — from rest only when in-flight is past the proportional part's rest reference
@@ -363,7 +364,7 @@ impl Controller {
         if self.peak_rate == 0.0 && latency.count > 0 {
             // The first answers: the rate of this tick, not an average rising from zero that
             // would make the learned share look tiny and every request a queue.
-            self.rate = latency.count as f64 / dt;
+            self.rate = latency.count as f64 / dt.max(TICK.as_secs_f64() / 2.0);
         } else {
             self.rate += alpha(LATENCY_TAU) * (latency.count as f64 / dt - self.rate);
         }
@@ -405,7 +406,6 @@ impl Controller {
                 utilisation: held_u,
                 smoothed: self.l,
                 target,
-                calm: lc <= 1.0,
                 effort: self.output.effort,
                 share: self.output.share,
             },
@@ -436,6 +436,7 @@ impl Controller {
         self.seen_calm |= self.calm_ticks >= CALM_TICKS;
         let over = lc - LATENCY_SETPOINT;
         let error = match (reference, unverified) {
+            // Verified: the same in-flight reading, held at the setpoint's standing queue.
             (Some(_), Some(q)) => (q - SETPOINT).min(over),
             (None, Some(q)) => (q - 1.0).min(over),
             _ => over,

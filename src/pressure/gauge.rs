@@ -141,10 +141,11 @@ impl PressureGauge {
     /// Records an upstream latency sample (a response the upstream itself gave, not a 5xx;
     /// or a timeout, as a sample as slow as the timeout).
     pub fn record_latency(&self, latency: Duration) {
-        // One sample is capped at 2^40 µs (12.7 days), far above any timeout.
+        // One sample is capped at 2^36 µs (19 hours), far above any timeout, so that 256 of
+        // them in one tick still fit the window's 44-bit sum without reaching the count.
         let us = u64::try_from(latency.as_micros())
             .unwrap_or(u64::MAX)
-            .min((1 << 40) - 1);
+            .min((1 << 36) - 1);
         self.latency
             .fetch_add((1 << LATENCY_SUM_BITS) | us, Ordering::Relaxed);
     }

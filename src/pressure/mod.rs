@@ -15,22 +15,22 @@
 //! is proportional-integral, like CoDel's and Vector's controllers in spirit:
 //!
 //! - the **integral** `b` (the shedding effort, in load-index units) rises while the upstream
-//!   holds a standing queue *and* its latency is over the target, and falls otherwise, so
-//!   that in steady overload in-flight settles at [`SETPOINT`] times `max_inflight`
-//!   whatever the overload factor;
+//!   holds a queue *and* its latency is over [`LATENCY_SETPOINT`] times the target, and falls
+//!   otherwise, so that in steady overload latency settles there whatever the overload
+//!   factor and however many replicas share the upstream (they all read its latency);
 //! - the **proportional** part acts on the in-flight count at the moment of each decision,
 //!   not at the last tick: a step to 10x fills a queue in milliseconds, long before a 50 ms
 //!   tick could react, and this term is what keeps the onset from overshooting;
-//! - below capacity, `base` (utilisation and latency, at most 1) says how close the upstream
-//!   is to full: `p = 0.5` exactly when it is fully used or at its latency target and no
-//!   shedding effort is needed (docs/pressure.md "Pressure").
+//! - below capacity, `base` (latency over target, at most 1) says how close the upstream is
+//!   to full: `p = 0.5` exactly at its latency target with no shedding effort needed
+//!   (docs/pressure.md "Pressure").
 //!
-//! Nothing is learned that could go stale: the latency reference is the operator's target,
-//! not a measured minimum RTT that could ratchet up or drift (docs/pressure.md
-//! "Pressure controllers"). An upstream that a deploy made slower than the target does not shed on its
-//! own: shedding also needs a standing queue (Netflix Gradient2's "app-limited" guard in
-//! another form), so a slow upstream at light load is left alone, and a slow upstream under
-//! load is held at its real capacity.
+//! The reference is the operator's target, not a measured minimum RTT that could ratchet up
+//! or drift (docs/pressure.md "Pressure controllers"). The no-load latency it also learns
+//! ([`noload`]) only says whether there is a queue: an upstream that a deploy made slower
+//! than the target does not shed on its own (Netflix Gradient2's "app-limited" guard in
+//! another form), and a slow upstream under load is held at its real capacity. No
+//! concurrency number is an input ([`ControllerConfig::max_inflight`] is a safety cap).
 
 mod controller;
 mod gauge;

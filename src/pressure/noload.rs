@@ -6,9 +6,9 @@
 //!
 //! - **At rest** (no shedding effort), from ordinary traffic, like Netflix Gradient2's long
 //!   window: it follows the smoothed latency down at once, and up with [`LEARN_TAU`] while the
-//!   in-flight count is not growing and latency is at or under the target (over it, a rise
-//!   may be a queue forming at the onset of an overload, which must not become the
-//!   reference; a slower upstream is learned under load instead, below). A growing in-flight count is a queue filling (admissions
+//!   in-flight count is not growing. A queue that stands without growing (arrivals at
+//!   exactly the capacity) is learned too: at rest nothing tells it from a slower upstream
+//!   (README "Benchmarks", the 1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
 //!   as Little's law says the slower service holds, and the learning resumes.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
@@ -48,9 +48,6 @@ pub const UNDER_USED: f64 = 0.5;
 /// second, far longer than the tick-to-tick noise of one replica's in-flight count.
 pub const UNDER_USED_TICKS: u32 = 20;
 
-/// Largest fall of the smoothed latency across an under-used second for it to count as the
-/// upstream's own: a queue still draining makes it fall.
-pub const FLAT: f64 = 0.15;
 /// Mean latency over the target, across an under-used second, above which the latency is
 /// taken as the no-load latency: the loop holds latency at the target, so an under-used
 /// replica at the target is one whose share of arrivals fell (more replicas, an upstream
@@ -72,8 +69,6 @@ pub struct NoLoad {
     /// smoothed latency over them (seconds).
     under_used: u32,
     streak_latency: f64,
-    /// The smoothed latency when the streak began, seconds.
-    streak_start: f64,
     /// Set when the reference was re-measured under load (read once).
     relearned: bool,
 }
@@ -88,7 +83,6 @@ impl Default for NoLoad {
             growing: 0,
             under_used: 0,
             streak_latency: 0.0,
-            streak_start: 0.0,
             relearned: false,
         }
     }
@@ -101,14 +95,14 @@ pub struct TickInput {
     pub inflight: u32,
     /// Mean latency of the tick's samples, seconds (`None`: no samples).
     pub tick_mean: Option<f64>,
-    /// Mean in-flight over the tick as a multiple of the learned share (0 if unknown).
+    /// Mean in-flight over the tick as a multiple of the share at the peak completion rate
+    /// held since shedding began; infinite while unknown or while the replica is offered
+    /// less than [`STILL_OFFERED`](super::STILL_OFFERED) of that peak (no under-use then).
     pub utilisation: f64,
     /// The smoothed latency, seconds.
     pub smoothed: f64,
     /// The latency target, seconds.
     pub target: f64,
-    /// Whether latency (confidence-weighted) is at or under the target.
-    pub calm: bool,
     /// The shedding effort before this tick.
     pub effort: f64,
     /// The learned concurrency share, requests (0: unknown).
@@ -167,9 +161,6 @@ impl NoLoad {
         };
         let engaged = t.effort > 0.0;
         if engaged && t.share > 0.0 && t.utilisation < UNDER_USED {
-            if self.under_used == 0 {
-                self.streak_start = t.smoothed;
-            }
             self.under_used = self.under_used.saturating_add(1);
             self.streak_latency += t.smoothed;
         } else {

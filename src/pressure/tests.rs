@@ -188,6 +188,25 @@ async fn few_slow_samples_are_noise() {
     }
 }
 
+/// From [`learned`]: half a second of overload at 120 ms with 20 in flight, then three
+/// seconds with one request in flight answered at 60 ms 20 times a second, while
+/// `decisions_per_tick` arrivals are offered each tick. Returns the state at the end.
+fn shed_to_one_in_flight(decisions_per_tick: u64) -> super::ControllerState {
+    let (mut c, mut now) = learned();
+    let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
+    now = n;
+    assert!(c.output().effort > 0.0, "{:?}", c.state(20));
+    let offered = InflightWindow {
+        count: decisions_per_tick,
+        sum: decisions_per_tick,
+    };
+    for _ in 0..60 {
+        now += TICK;
+        c.update(now, 1, offered, samples(1, 60));
+    }
+    c.state(1)
+}
+
 #[tokio::test(start_paused = true)]
 async fn shedding_an_under_used_upstream_re_measures_the_no_load_latency() {
     // Learned at 25 ms (100 answers a second, 2.5 in flight); then the upstream gets slower
@@ -196,16 +215,7 @@ async fn shedding_an_under_used_upstream_re_measures_the_no_load_latency() {
     // still offered. Shedding has left the upstream under-used for a second with latency
     // flat over the target: that latency is the upstream's own. It becomes the verified
     // reference, and the queue ratio reads no queue.
-    let (mut c, mut now) = learned();
-    let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
-    now = n;
-    assert!(c.output().effort > 0.0, "{:?}", c.state(20));
-    let offered = InflightWindow { count: 10, sum: 10 };
-    for _ in 0..60 {
-        now += TICK;
-        c.update(now, 1, offered, samples(1, 60));
-    }
-    let state = c.state(1);
+    let state = shed_to_one_in_flight(10);
     assert!(state.noload_verified, "{state:?}");
     assert!(
         (state.noload_latency_ms.unwrap() - 60.0).abs() < 6.0,
@@ -218,15 +228,7 @@ async fn shedding_an_under_used_upstream_re_measures_the_no_load_latency() {
 async fn fewer_arrivals_for_this_replica_are_not_under_use() {
     // The same, except that the replica is now offered less than it saw served (more
     // replicas share the arrivals): holding little is its share, and nothing is re-measured.
-    let (mut c, mut now) = learned();
-    let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
-    now = n;
-    let offered = InflightWindow { count: 1, sum: 1 };
-    for _ in 0..60 {
-        now += TICK;
-        c.update(now, 1, offered, samples(1, 60));
-    }
-    let state = c.state(1);
+    let state = shed_to_one_in_flight(1);
     assert!(!state.noload_verified, "{state:?}");
 }
 
