@@ -20,7 +20,7 @@ use shedgate::demo::sim::{
 };
 use shedgate::pressure::ControllerConfig;
 
-use crate::scenarios::{recovery_seconds, summary};
+use crate::scenarios::{assert_never_shed_delivered, figures, recovery_seconds, summary};
 
 const WORKERS: u32 = 8;
 const TARGET_MS: u64 = 30;
@@ -96,17 +96,6 @@ impl Run {
     }
 }
 
-fn figures(
-    name: &str,
-    seconds: &[Second],
-    window: std::ops::Range<usize>,
-    capacity: f64,
-) -> Figures {
-    let f = Figures::of(seconds, window.clone(), capacity);
-    eprintln!("{name} [{}..{}s]: {f}", window.start, window.end);
-    f
-}
-
 /// Never-shed events are all admitted and delivered (unless the upstream failed them), and
 /// in every second a more important band loses no larger a share than a less important one,
 /// within sampling noise. With several replicas the pressure at an instant differs from one
@@ -115,22 +104,7 @@ fn figures(
 /// its neighbour by chance. The slack is two standard errors of the difference of the two
 /// shares (pooled), so a real inversion still fails.
 fn assert_invariants(seconds: &[Second], text: &str) {
-    for (i, s) in seconds.iter().enumerate() {
-        let shed: u64 = s.shed_by_band.iter().sum();
-        assert_eq!(
-            s.offered - s.admitted,
-            shed,
-            "second {i}: a never-shed event was shed\n{text}"
-        );
-    }
-    let (offered, delivered, failed) = seconds.iter().fold((0, 0, 0), |(o, d, f), s| {
-        (
-            o + s.never_offered,
-            d + s.never_delivered,
-            f + s.never_failed,
-        )
-    });
-    assert_eq!(delivered + failed, offered, "never-shed delivery\n{text}");
+    assert_never_shed_delivered(seconds, text);
     for (i, s) in seconds.iter().enumerate() {
         let bands: Vec<(f64, f64)> = (0..4)
             .filter(|&b| s.offered_by_band[b] > 0)

@@ -98,7 +98,7 @@ pub(crate) fn summary(seconds: &[Second], capacity: f64) -> String {
 }
 
 /// The figures of `seconds[window]`, printed (`cargo test scenarios -- --nocapture`).
-fn figures(
+pub(crate) fn figures(
     name: &str,
     seconds: &[Second],
     window: std::ops::Range<usize>,
@@ -113,10 +113,9 @@ fn share(n: u64, of: u64) -> f64 {
     if of == 0 { 0.0 } else { n as f64 / of as f64 }
 }
 
-/// Never-shed events are all admitted (and all delivered, unless the upstream itself
-/// failed some), and in every second priority areas lose no larger a share than default
-/// ones (rank bands in order).
-pub(crate) fn assert_invariants(seconds: &[Second], text: &str) {
+/// Never-shed events are all admitted, and all delivered unless the upstream itself failed
+/// some.
+pub(crate) fn assert_never_shed_delivered(seconds: &[Second], text: &str) {
     for (i, s) in seconds.iter().enumerate() {
         let shed: u64 = s.shed_by_band.iter().sum();
         assert_eq!(
@@ -133,6 +132,13 @@ pub(crate) fn assert_invariants(seconds: &[Second], text: &str) {
         )
     });
     assert_eq!(delivered + failed, offered, "never-shed delivery\n{text}");
+}
+
+/// Never-shed events are all admitted (and all delivered, unless the upstream itself
+/// failed some), and in every second priority areas lose no larger a share than default
+/// ones (rank bands in order).
+pub(crate) fn assert_invariants(seconds: &[Second], text: &str) {
+    assert_never_shed_delivered(seconds, text);
     for (i, s) in seconds.iter().enumerate() {
         let shares: Vec<f64> = (0..4)
             .map(|b| share(s.shed_by_band[b], s.offered_by_band[b]))
