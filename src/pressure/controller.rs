@@ -164,33 +164,55 @@ impl Output {
     /// variable and non-decreasing in `inflight`.
     pub fn pressure(&self, inflight: u32) -> f64 {
         let n = f64::from(inflight);
-        let u = if self.share > 0.0 {
-            n / self.share.max(MIN_SHARE)
-        } else {
-            0.0
-        };
         let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);
-        let mut proportional = PROPORTIONAL_GAIN * (u - reference);
-        if let Some(cap) = self.cap {
-            let over_cap = CAP_GAIN * (n / f64::from(cap.get()) - SETPOINT);
-            proportional = proportional.max(over_cap);
+        let mut proportional = PROPORTIONAL_GAIN * (self.per_share(n, MIN_SHARE) - reference);
+        if let Some(per_cap) = self.per_cap(n) {
+            proportional = proportional.max(CAP_GAIN * (per_cap - SETPOINT));
         }
         let x = self.base + (self.effort + proportional).max(0.0);
         1.0 - (-x).exp2()
     }
 
-    /// The in-flight load the proportional part reads, as a multiple of the share (or the
-    /// cap, the larger); 0 while neither is known.
-    fn utilisation(&self, inflight: f64) -> f64 {
-        let mut u = if self.share > 0.0 {
-            inflight / self.share.max(MIN_SHARE)
+    /// `inflight` as a multiple of the learned share, the share floored at `floor`
+    /// requests; 0 while the share is unknown.
+    fn per_share(&self, inflight: f64, floor: f64) -> f64 {
+        if self.share > 0.0 {
+            inflight / self.share.max(floor)
         } else {
             0.0
-        };
-        if let Some(cap) = self.cap {
-            u = u.max(inflight / f64::from(cap.get()));
         }
-        u
+    }
+
+    /// `inflight` as a multiple of the safety cap, if one is set.
+    fn per_cap(&self, inflight: f64) -> Option<f64> {
+        self.cap.map(|cap| inflight / f64::from(cap.get()))
+    }
+
+    /// The in-flight load the loop reads: a multiple of the share floored at `floor`, or of
+    /// the cap, the larger; 0 while neither is known.
+    fn utilisation(&self, inflight: f64, floor: f64) -> f64 {
+        self.per_share(inflight, floor)
+            .max(self.per_cap(inflight).unwrap_or(0.0))
+    }
+
+    /// The in-flight count class budgets share: the cap if set, else the in-flight the loop
+    /// holds at full use (the share times [`SETPOINT`], rounded up); `u32::MAX` while
+    /// neither is known.
+    pub fn capacity(&self) -> u32 {
+        if let Some(cap) = self.cap {
+            return cap.get();
+        }
+        let full = (self.share * SETPOINT).ceil();
+        if full < 1.0 {
+            return u32::MAX;
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a positive request count, saturating at u32::MAX"
+        )]
+        let full = full as u32;
+        full
     }
 }
 
@@ -336,7 +358,7 @@ impl Controller {
         } else {
             f64::from(inflight)
         };
-        self.mean_u = self.output.utilisation(mean_inflight);
+        self.mean_u = self.output.utilisation(mean_inflight, MIN_SHARE);
         let tick_mean =
             (latency.count > 0).then(|| latency.sum_us as f64 / latency.count as f64 / 1e6);
         let last_sample = *self.last_sample.get_or_insert(now);
@@ -412,7 +434,7 @@ impl Controller {
             dt,
         );
         let reference = self.noload.reference();
-        let queue = reference.map(|l0| self.l / l0.max(1e-6));
+        let queue = self.queue_ratio();
         // Without a verified reference, the queue evidence is the tick's mean in-flight over
         // what the current completion rate holds at the no-load latency learned at rest
         // (Little's law), with no margin: 0 as soon as nothing is in flight, unbounded when
@@ -455,18 +477,9 @@ impl Controller {
         // The gate reads the raw share (not floored at MIN_SHARE): with many replicas a
         // replica's share is a fraction of a request, and a runaway queue is still a
         // multiple of it.
-        let raw_u = |n: f64| {
-            let mut u = if self.output.share > 0.0 {
-                n / self.output.share
-            } else {
-                0.0
-            };
-            if let Some(cap) = self.config.max_inflight {
-                u = u.max(n / f64::from(cap.get()));
-            }
-            u
-        };
-        let current_u = raw_u(f64::from(inflight)).max(raw_u(mean_inflight));
+        let current_u = self
+            .output
+            .utilisation(f64::from(inflight).max(mean_inflight), 0.0);
         let may_start =
             !self.seen_calm || self.mean_u.max(current_u) > rest || self.noload.sustained_growth();
         let step = dt.min(2.0 * TICK.as_secs_f64());
@@ -494,6 +507,12 @@ impl Controller {
         self.output
     }
 
+    /// Smoothed latency over the verified no-load latency (1 = no queue); `None` until
+    /// verified.
+    fn queue_ratio(&self) -> Option<f64> {
+        self.noload.reference().map(|l0| self.l / l0.max(1e-6))
+    }
+
     /// The last output.
     pub fn output(&self) -> Output {
         self.output
@@ -506,7 +525,7 @@ impl Controller {
             computed: self.output.pressure(inflight),
             mean_utilisation: self.mean_u,
             latency_ratio: self.l / target,
-            queue_ratio: self.noload.reference().map(|l0| self.l / l0.max(1e-6)),
+            queue_ratio: self.queue_ratio(),
             noload_latency_ms: self.noload.value().map(|l0| l0 * 1e3),
             noload_verified: self.noload.reference().is_some(),
             concurrency_share: self.output.share,

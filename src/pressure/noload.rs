@@ -185,9 +185,11 @@ impl NoLoad {
             self.value = Some(sample);
             return;
         };
+        // Under load it moves only when the upstream is seen under-used (above).
         if engaged {
-            // Under load it moves only when the upstream is seen under-used (above).
-        } else if t.smoothed > 0.0 && t.smoothed < value {
+            return;
+        }
+        if t.smoothed > 0.0 && t.smoothed < value {
             self.value = Some(t.smoothed);
         } else if !growing {
             let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();

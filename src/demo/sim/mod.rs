@@ -149,12 +149,6 @@ impl Simulator {
         f64::from(self.worker_count) / self.service.mean().as_secs_f64()
     }
 
-    /// Requests per second it completes when always busy at `since` after it started, with
-    /// the [`Scale`] step of that moment (before any slowdown).
-    pub fn capacity_at(&self, since: Duration) -> f64 {
-        f64::from(self.workers_at(self.started + since)) / self.service.mean().as_secs_f64()
-    }
-
     /// Its worker count at the start.
     pub fn workers(&self) -> u32 {
         self.worker_count
