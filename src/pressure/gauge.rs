@@ -36,6 +36,9 @@ pub struct PressureGauge {
     /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]).
     observed: AtomicU64,
     output: ArcSwap<Output>,
+    /// [`Output::capacity`] of `output`, kept beside it so that a request that checks class
+    /// budgets reads one atomic, not the output a second time.
+    capacity: AtomicU32,
     pinned: AtomicU64,
 }
 
@@ -55,12 +58,15 @@ pub struct PressureView {
 impl PressureGauge {
     /// A gauge at rest.
     pub fn new(config: ControllerConfig) -> Self {
+        let controller = Controller::new(config);
+        let output = controller.output();
         PressureGauge {
-            controller: Mutex::new(Controller::new(config)),
+            controller: Mutex::new(controller),
             inflight: AtomicU32::new(0),
             latency: AtomicU64::new(0),
             observed: AtomicU64::new(0),
-            output: ArcSwap::from_pointee(Output::default()),
+            output: ArcSwap::from_pointee(output),
+            capacity: AtomicU32::new(output.capacity()),
             pinned: AtomicU64::new(UNPINNED),
         }
     }
@@ -111,26 +117,9 @@ impl PressureGauge {
         }
     }
 
-    /// The in-flight count class budgets share: the safety cap (`--max-inflight`) if set,
-    /// else the in-flight the loop holds at full use (the learned concurrency share times
-    /// [`SETPOINT`](super::SETPOINT), rounded up); `u32::MAX` while neither is known.
+    /// The in-flight count class budgets share ([`Output::capacity`]) as of the last tick.
     pub fn capacity(&self) -> u32 {
-        let out = self.output.load();
-        if let Some(cap) = out.cap {
-            return cap.get();
-        }
-        let full = (out.share * super::SETPOINT).ceil();
-        if full >= 1.0 {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a positive request count, saturating at u32::MAX"
-            )]
-            let full = full as u32;
-            full
-        } else {
-            u32::MAX
-        }
+        self.capacity.load(Ordering::Relaxed)
     }
 
     /// Requests in flight now.
@@ -161,6 +150,7 @@ impl PressureGauge {
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
         let out = c.update(now, inflight, observed, latency);
         self.output.store(std::sync::Arc::new(out));
+        self.capacity.store(out.capacity(), Ordering::Relaxed);
         out.pressure(inflight)
     }
 
