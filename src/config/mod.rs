@@ -296,12 +296,10 @@ impl Config {
                 format!("{max_buffered_bytes} is below max-body {max_body}: no body could be read"),
             ));
         }
-        let max_inflight = match args.max_inflight {
-            None => None,
-            Some(n) => Some(
-                NonZeroU32::new(n).ok_or_else(|| invalid("max-inflight", "must be positive"))?,
-            ),
-        };
+        let max_inflight = args
+            .max_inflight
+            .map(|n| NonZeroU32::new(n).ok_or_else(|| invalid("max-inflight", "must be positive")))
+            .transpose()?;
         let upstream_timeout = duration(args.upstream_timeout, Duration::from_secs(10));
         let latency_target = duration(args.latency_target, Duration::from_millis(100));
         if latency_target >= upstream_timeout {
