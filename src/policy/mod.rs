@@ -471,15 +471,6 @@ impl Policy {
         &self.schedules
     }
 
-    /// The pressure floor of the schedules open at `at`, and which one sets it (the highest
-    /// floor wins); `None` when no window is open.
-    pub fn schedule_floor(
-        &self,
-        at: crate::clock::UnixMillis,
-    ) -> Option<(&schedule::Schedule, crate::pressure::Pressure)> {
-        schedule::floor_at(&self.schedules, at).map(|(i, p)| (&self.schedules[i], p))
-    }
-
     /// The `Retry-After` policy.
     pub fn retry_after(&self) -> RetryAfterPolicy {
         self.retry_after
