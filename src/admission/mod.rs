@@ -79,6 +79,19 @@ pub enum ShedReason {
     Memory,
 }
 
+impl From<ShedReason> for Rule {
+    /// The rule that sheds for `reason` (the inverse of [`Rule::shed_reason`]).
+    fn from(reason: ShedReason) -> Rule {
+        match reason {
+            ShedReason::Disabled => Rule::Disabled,
+            ShedReason::Stale => Rule::Stale,
+            ShedReason::Pressure => Rule::Pressure,
+            ShedReason::Budget => Rule::Budget,
+            ShedReason::Memory => Rule::Memory,
+        }
+    }
+}
+
 impl ShedReason {
     /// All reasons, in metric-slot order.
     pub const ALL: [ShedReason; 5] = [
@@ -239,12 +252,12 @@ pub fn summarise(
 impl Decision {
     /// A shed the middleware decides outside [`decide`], because it needs what `decide` does
     /// not see: a capped `never` class that stayed over its budget for its whole wait
-    /// ([`Rule::Budget`]), or the buffered body bytes running out while a body was read
-    /// ([`Rule::Memory`]). A rule that does not shed gives an admission.
-    pub fn shed_by(rule: Rule, policy: &Policy, pressure: Pressure) -> Self {
+    /// ([`ShedReason::Budget`]), or the buffered body bytes running out while a body was read
+    /// ([`ShedReason::Memory`]).
+    pub fn shed_by(reason: ShedReason, policy: &Policy, pressure: Pressure) -> Self {
         Decision {
-            verdict: rule.shed_reason().map_or(Verdict::Admit, Verdict::Shed),
-            rule,
+            verdict: Verdict::Shed(reason),
+            rule: Rule::from(reason),
             ..Decision::unknown_stream(policy, pressure)
         }
     }

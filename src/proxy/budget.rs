@@ -79,7 +79,12 @@ pub(super) async fn hold_for_room(
     }
     match wait_for_room(shared, policy, class).await {
         Ok(guard) => Ok(Some(guard)),
-        Err(()) => Err(cap_exceeded(shared, snapshot, stream)),
+        Err(()) => Err(shed_outside_decide(
+            shared,
+            snapshot,
+            stream,
+            ShedReason::Budget,
+        )),
     }
 }
 
@@ -134,18 +139,4 @@ async fn wait_for_room(
             return shared.try_reserve(class, cap).ok_or(());
         }
     }
-}
-
-/// A capped `never` class stayed over its budget for the whole wait: 503 + `Retry-After`.
-fn cap_exceeded(shared: &Shared, snapshot: &Snapshot, stream: Option<StreamId>) -> Response<Body> {
-    let policy = &snapshot.policy;
-    tracing::warn!(
-        stream = stream.map_or(crate::policy::UNKNOWN_STREAM, |id| policy
-            .stream_policy(id)
-            .name
-            .as_str()),
-        class = policy.class_of(stream).as_str(),
-        "capped class stayed over its budget for its whole wait: 503, the sender retries"
-    );
-    shed_outside_decide(shared, snapshot, stream, crate::admission::Rule::Budget)
 }

@@ -15,6 +15,7 @@ use super::Shared;
 use super::body::{GuardedBody, TimedBody};
 use super::budget::ClassGuard;
 use crate::BoxError;
+use crate::admission::ShedReason;
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
@@ -118,25 +119,38 @@ where
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
 }
 
-/// Sheds a request for `rule`, decided outside [`crate::admission::decide`] (a capped class's
-/// wait ran out, the buffered bytes ran out): 503 + `Retry-After` with the explanation,
-/// counted like any shed. The sender keeps the event and resends.
+/// Sheds a request for `reason`, decided outside [`crate::admission::decide`] (a capped
+/// class's wait ran out: [`ShedReason::Budget`]; the buffered bytes ran out:
+/// [`ShedReason::Memory`]): 503 + `Retry-After` with the explanation, counted like any shed,
+/// and logged. The sender keeps the event and resends.
 pub(super) fn shed_outside_decide(
     shared: &Shared,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
-    rule: crate::admission::Rule,
+    reason: ShedReason,
 ) -> Response<Body> {
     let policy = &snapshot.policy;
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    let logged = name.unwrap_or(crate::policy::UNKNOWN_STREAM);
+    match reason {
+        ShedReason::Budget => tracing::warn!(
+            stream = logged,
+            class = policy.class_of(stream).as_str(),
+            "capped class stayed over its budget for its whole wait: 503, the sender retries"
+        ),
+        ShedReason::Memory => tracing::debug!(
+            stream = logged,
+            limit = shared.buffers.limit(),
+            "buffered body bytes over --max-buffered-bytes: 503, the sender retries"
+        ),
+        ShedReason::Disabled | ShedReason::Stale | ShedReason::Pressure => {}
+    }
     let pressure = shared.pressure.pressure();
-    let decision = crate::admission::Decision::shed_by(rule, policy, pressure);
+    let decision = crate::admission::Decision::shed_by(reason, policy, pressure);
     let m = &snapshot.metrics;
     m.shed(stream, None, decision.verdict);
     m.request(stream, Outcome::Shed);
-    if let Some(reason) = rule.shed_reason() {
-        m.counts(stream).shed(reason, shared.sources().now());
-    }
-    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    m.counts(stream).shed(reason, shared.sources().now());
     Rejection::Shed {
         explanation: Explanation::new(policy, name, &decision),
         retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),

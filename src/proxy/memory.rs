@@ -12,15 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::Response;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use super::Shared;
-use super::forward::shed_outside_decide;
 use crate::BoxError;
-use crate::edge::rejection::Body;
-use crate::live::store::Snapshot;
-use crate::policy::StreamId;
 
 /// Buffered body bytes: the limit and what is held now. Shared by every request of a proxy.
 #[derive(Debug)]
@@ -160,25 +154,6 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-/// The budget ran out while this body was read: 503 + `Retry-After`, reason `memory`,
-/// counted and logged. The sender keeps the event and resends.
-pub(super) fn memory_exceeded(
-    shared: &Shared,
-    snapshot: &Snapshot,
-    stream: Option<StreamId>,
-) -> Response<Body> {
-    tracing::debug!(
-        stream = stream.map_or(crate::policy::UNKNOWN_STREAM, |id| snapshot
-            .policy
-            .stream_policy(id)
-            .name
-            .as_str()),
-        limit = shared.buffers.limit(),
-        "buffered body bytes over --max-buffered-bytes: 503, the sender retries"
-    );
-    shed_outside_decide(shared, snapshot, stream, crate::admission::Rule::Memory)
 }
 
 #[cfg(test)]

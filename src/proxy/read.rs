@@ -14,8 +14,9 @@ use tower::Service;
 
 use super::Shared;
 use super::budget::{capped, hold_for_room};
+use super::forward::shed_outside_decide;
 use super::forward::{forward, reject};
-use super::memory::{Budgeted, OverBudget, Reservation, memory_exceeded};
+use super::memory::{Budgeted, OverBudget, Reservation};
 use crate::BoxError;
 use crate::admission::{Reading, ShedReason, Verdict, assess, decide, schedule_floor};
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
@@ -57,7 +58,7 @@ where
     let bytes = match read.await {
         Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
-            return memory_exceeded(&shared, &snapshot, stream);
+            return shed_outside_decide(&shared, &snapshot, stream, ShedReason::Memory);
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             let rejection = Rejection::PayloadTooLarge {
