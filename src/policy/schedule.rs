@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use jiff::civil::{DateTime, Time, Weekday};
+use jiff::civil::{Date, DateTime, Time, Weekday};
 use jiff::tz::{AmbiguousOffset, TimeZone};
 use jiff::{Timestamp, ToSpan};
 
@@ -150,19 +150,18 @@ pub(super) fn compile_schedules(
             std::array::from_fn(|k| days[(k + 6) % 7])
         };
         for (f, time, on) in [("start", start, days), ("end", end, end_days)] {
-            if let Some(when) = dst_trouble(&tz, time, on) {
+            if let Some((change, day)) = dst_trouble(&tz, time, on) {
+                let (kind, happens) = match change {
+                    Change::Gap => ("gap", "never"),
+                    Change::Fold => ("fold", "twice"),
+                };
                 return Err(err(
                     f,
                     format!(
-                        "{f} {} falls in a daylight-saving {when} in {}: that day it \
-                         happens {}; pick a time outside the change",
+                        "{f} {} falls in a daylight-saving {kind} on {day} in {}: that day it \
+                         happens {happens}; pick a time outside the change",
                         s_time(time),
                         s.timezone,
-                        if when.starts_with("gap") {
-                            "never"
-                        } else {
-                            "twice"
-                        }
                     ),
                 ));
             }
@@ -193,9 +192,18 @@ fn hh_mm(text: &str) -> Option<Time> {
     Time::new(h, m, 0, 0).ok()
 }
 
+/// A daylight-saving change a local time can fall in.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// The clocks jump over it: that day it never happens.
+    Gap,
+    /// The clocks repeat it: that day it happens twice.
+    Fold,
+}
+
 /// The first daylight-saving change in 2000–2099 on one of `days` in which `time` falls in
-/// the gap (it never happens) or the fold (it happens twice): `"gap on 2026-03-29"`.
-fn dst_trouble(tz: &TimeZone, time: Time, days: [bool; 7]) -> Option<String> {
+/// the gap or the fold, and that local date.
+fn dst_trouble(tz: &TimeZone, time: Time, days: [bool; 7]) -> Option<(Change, Date)> {
     let from = Timestamp::from_second(946_684_800).ok()?; // 2000-01-01T00:00:00Z
     let until = Timestamp::from_second(4_102_444_800).ok()?; // 2100-01-01T00:00:00Z
     for transition in tz.following(from).take(1000) {
@@ -217,8 +225,8 @@ fn dst_trouble(tz: &TimeZone, time: Time, days: [bool; 7]) -> Option<String> {
                 .offset()
             {
                 AmbiguousOffset::Unambiguous { .. } => {}
-                AmbiguousOffset::Gap { .. } => return Some(format!("gap on {day}")),
-                AmbiguousOffset::Fold { .. } => return Some(format!("fold on {day}")),
+                AmbiguousOffset::Gap { .. } => return Some((Change::Gap, day)),
+                AmbiguousOffset::Fold { .. } => return Some((Change::Fold, day)),
             }
         }
     }
