@@ -73,6 +73,7 @@ async def main():
     ap.add_argument("--pid", type=int, action="append", required=True)
     ap.add_argument("--conns", type=int, default=10000)
     ap.add_argument("--after", type=float, default=5.0, help="seconds to wait after the close")
+    ap.add_argument("--hold", type=float, default=5.0, help="seconds idle before the RSS is read")
     a = ap.parse_args()
     req = request(a.port)
     before = rss_kib(a.pid)
@@ -84,7 +85,7 @@ async def main():
             writers.append(await one(a.port, req))
 
     await asyncio.wait_for(asyncio.gather(*(opened() for _ in range(a.conns))), 120)
-    await asyncio.sleep(2)
+    await asyncio.sleep(a.hold)
     idle = rss_kib(a.pid)
     for w in writers:
         w.close()
@@ -94,7 +95,7 @@ async def main():
     mib = lambda k: k / 1024
     print(
         f"port {a.port}: RSS {mib(before):.1f} MiB before, {mib(idle):.1f} MiB with {a.conns} idle "
-        f"connections ({(idle - before) * 1024 / a.conns:.0f} B each), {mib(after):.1f} MiB {a.after:g} s "
+        f"connections ({(idle - before) * 1024 / a.conns:.0f} B each, {a.hold:g} s idle), {mib(after):.1f} MiB {a.after:g} s "
         f"after they closed"
     )
 

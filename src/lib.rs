@@ -37,8 +37,9 @@
 //!   constants with descriptions and pre-registered handles.
 //! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically, and the
 //!   reload that watches the policy directory.
-//! - [`edge`]: the request-smuggling guard on each connection's raw bytes, and the one place
-//!   where reasons become statuses, `Retry-After` and problem+json.
+//! - [`edge`]: client connections (accept, timeouts, idle connections parked, drain), the
+//!   request-smuggling guard on each connection's raw bytes, and the one place where reasons
+//!   become statuses, `Retry-After` and problem+json.
 //! - [`upstream`]: the pooled proxy client and header hygiene.
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the
 //!   service, read, budget, forward), holding in-flight accounting until the body ends.

@@ -84,6 +84,17 @@ impl Verdicts {
     pub fn progress(&self) -> Progress {
         self.0.lock().map_or(Progress::Unknown, |t| t.progress())
     }
+
+    /// Frees what the tracker holds for a partial head, when it holds none (an idle
+    /// connection, `edge::keepalive`).
+    pub fn release(&self) {
+        if let Ok(mut t) = self.0.lock() {
+            if t.pending.is_empty() {
+                t.pending = Vec::new();
+            }
+            t.verdicts.shrink_to_fit();
+        }
+    }
 }
 
 /// Where a connection's request bytes stand. Each variant carries how many requests have been
@@ -154,6 +165,11 @@ impl<IO> FramingGuard<IO> {
     /// Where the client's bytes stood after the last read (see [`Verdicts::progress`]).
     pub fn progress(&self) -> Progress {
         self.progress
+    }
+
+    /// The wrapped IO.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
     }
 }
 

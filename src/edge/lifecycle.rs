@@ -24,6 +24,7 @@ use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
 use tokio::time::{Instant, Sleep};
 
 use super::framing::{FramingGuard, Progress};
+use super::keepalive::{Activity, Unread};
 use crate::metrics::{CloseReason, Metrics};
 
 /// Longest lingering close: nginx's `lingering_time` default.
@@ -50,39 +51,83 @@ enum Linger {
 pub struct ClientIo<IO> {
     io: FramingGuard<IO>,
     header_read_timeout: Duration,
-    /// Armed while a head is part-way; reused across heads.
-    timer: Pin<Box<Sleep>>,
+    /// Armed while a head is part-way, and while lingering; reused across heads. Made on
+    /// first use (most heads arrive in one read and never arm it) and dropped when the
+    /// connection is parked ([`ClientIo::release`]).
+    timer: Option<Pin<Box<Sleep>>>,
     /// The head the timer is armed for: how many requests had been received whole when it
     /// started (`None`: no head part-way).
     head: Option<u64>,
     linger: Linger,
     metrics: Option<std::sync::Arc<Metrics>>,
+    /// The connection's counts and parking flag (`edge::keepalive`).
+    activity: std::sync::Arc<Activity>,
+    /// Bytes to read again before the socket's, after the connection was parked.
+    unread: Unread,
 }
 
 impl<IO> ClientIo<IO> {
     /// Wraps a guarded connection, reading where its bytes stand from the guard. A head part-way for
     /// longer than `header_read_timeout` fails the read (hyper closes the connection without
     /// an answer, as nginx does for `client_header_timeout`). Closes are counted on
-    /// `metrics` when given.
+    /// `metrics` when given. While `activity` says the connection is being parked, shutdown
+    /// leaves the socket open.
     pub fn new(
         io: FramingGuard<IO>,
         header_read_timeout: Duration,
         metrics: Option<std::sync::Arc<Metrics>>,
+        activity: std::sync::Arc<Activity>,
     ) -> Self {
         ClientIo {
             io,
             header_read_timeout,
-            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            timer: None,
             head: None,
             linger: Linger::Open,
             metrics,
+            activity,
+            unread: Unread::default(),
         }
+    }
+
+    /// The guarded connection.
+    pub fn guard(&self) -> &FramingGuard<IO> {
+        &self.io
+    }
+
+    /// Bytes hyper had read but not used when the connection was taken back from it: they
+    /// are read again first (the framing guard has seen them already).
+    pub fn unread(&mut self, bytes: bytes::Bytes) {
+        self.unread.set(bytes);
     }
 
     /// Starts the head's deadline from now.
     fn arm(&mut self) {
         let deadline = Instant::now() + self.header_read_timeout;
-        self.timer.as_mut().reset(deadline);
+        self.reset(deadline);
+    }
+
+    /// Sets the timer to `deadline`, making it if need be.
+    fn reset(&mut self, deadline: Instant) {
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+    }
+
+    /// Polls the timer; an unarmed timer never fires.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Frees the timer of a connection between requests (parked, `edge::keepalive`).
+    pub fn release(&mut self) {
+        if self.head.is_none() && matches!(self.linger, Linger::Open) {
+            self.timer = None;
+        }
     }
 
     fn count(&self, reason: CloseReason) {
@@ -99,6 +144,11 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
         buf: ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        if !this.unread.is_empty() {
+            let mut buf = buf;
+            buf.put_slice(&this.unread.take(buf.remaining()));
+            return Poll::Ready(Ok(()));
+        }
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 match this.io.progress() {
@@ -113,7 +163,7 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
                 Poll::Ready(r)
             }
             Poll::Pending => {
-                if this.head.is_some() && this.timer.as_mut().poll(cx).is_ready() {
+                if this.head.is_some() && this.poll_timer(cx).is_ready() {
                     this.head = None;
                     this.count(CloseReason::HeaderTimeout);
                     return Poll::Ready(Err(std::io::Error::new(
@@ -147,8 +197,12 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
     }
 
     /// Shuts the write side down; then, if the client is still sending a request, lingers.
+    /// While the connection is being parked, does nothing: the socket stays open.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        if this.activity.parking() {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             match &mut this.linger {
                 Linger::Done => return Poll::Ready(Ok(())),
@@ -164,7 +218,7 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
                         read: 0,
                         until: now + LINGER_TIME,
                     };
-                    this.timer.as_mut().reset(now + LINGER_IDLE);
+                    this.reset(now + LINGER_IDLE);
                 }
                 Linger::Draining { read, until } => {
                     let mut scratch = [0u8; 8192];
@@ -177,13 +231,13 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
                                 this.linger = Linger::Done;
                             } else {
                                 let idle_end = (Instant::now() + LINGER_IDLE).min(*until);
-                                this.timer.as_mut().reset(idle_end);
+                                this.reset(idle_end);
                             }
                         }
                         // EOF or an error: the client is gone.
                         Poll::Ready(_) => this.linger = Linger::Done,
                         Poll::Pending => {
-                            ready!(this.timer.as_mut().poll(cx));
+                            ready!(this.poll_timer(cx));
                             this.linger = Linger::Done;
                         }
                     }

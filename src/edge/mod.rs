@@ -3,6 +3,7 @@
 //! become responses.
 
 pub mod framing;
+pub mod keepalive;
 pub mod lifecycle;
 pub mod rejection;
 pub mod serve;

@@ -11,14 +11,17 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use std::pin::Pin;
+
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tower::Service;
 
 use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong};
+use super::keepalive::{Activity, Answer, PARK_AFTER};
 use super::lifecycle::ClientIo;
 use crate::BoxError;
 use crate::metrics::{CloseReason, Metrics};
@@ -68,8 +71,8 @@ pub struct Connections {
     pub metrics: Option<Arc<Metrics>>,
 }
 
-/// Accepts connections until `shutdown`, then lets in-flight requests finish (hyper closes
-/// idle keep-alive connections at once) for at most the drain timeout, and cuts the rest
+/// Accepts connections until `shutdown`, then lets in-flight requests finish (idle
+/// keep-alive connections close at once) for at most the drain timeout, and cuts the rest
 /// with a log line that says how many.
 pub async fn serve<S, B>(
     listener: TcpListener,
@@ -86,7 +89,6 @@ pub async fn serve<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -96,6 +98,7 @@ pub async fn serve<S, B>(
         // A head over the limit is answered 431 by hyper itself.
         .max_header_size(settings.max_head)
         .keep_alive(true);
+    let builder = Arc::new(builder);
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -116,50 +119,14 @@ pub async fn serve<S, B>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let info = ClientInfo { peer };
-        // The framing guard reads each request head on the raw bytes, before hyper
-        // normalises what a smuggling attempt would show (see `framing`).
-        let (io, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
-        let io = ClientIo::new(io, settings.header_read_timeout, settings.metrics.clone());
-        let svc = tower::util::MapRequest::new(stack.clone(), {
-            let verdicts = verdicts.clone();
-            move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(info);
-                match verdicts.next() {
-                    Some(HeadVerdict::Framing(why)) => {
-                        req.extensions_mut().insert(AmbiguousFraming(why));
-                    }
-                    Some(HeadVerdict::LineTooLong(limit)) => {
-                        req.extensions_mut().insert(HeaderLineTooLong(limit));
-                    }
-                    None => {}
-                }
-                req
-            }
-        });
-        let svc = tower::util::MapResponse::new(
-            svc,
-            close_when(
-                verdicts,
-                settings.lame_duck.clone(),
-                settings.metrics.clone(),
-            ),
-        );
-        let conn = builder.serve_connection(io, TowerToHyperService::new(svc));
-        let conn = graceful.watch(conn);
-        let metrics = settings.metrics.clone();
-        connections.spawn(async move {
-            if let Err(e) = conn.await {
-                if e.is_timeout() {
-                    // hyper's head timer, which is the idle timeout here.
-                    if let Some(m) = &metrics {
-                        m.connection_closed(CloseReason::IdleTimeout);
-                    }
-                } else {
-                    tracing::debug!(error = %e, %peer, "client connection ended with an error");
-                }
-            }
-        });
+        connections.spawn(connection(
+            stream,
+            ClientInfo { peer },
+            stack.clone(),
+            Arc::clone(&builder),
+            &settings,
+            shutdown.clone(),
+        ));
     }
     drop(listener);
     reap(&mut connections);
@@ -168,10 +135,13 @@ pub async fn serve<S, B>(
         "draining: idle connections close now, in-flight requests may finish"
     );
     let drain_timeout = settings.drain_timeout;
-    if tokio::time::timeout(drain_timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let drained = tokio::time::timeout(drain_timeout, async {
+        while let Some(done) = connections.join_next().await {
+            log_panic(done);
+        }
+    })
+    .await;
+    if drained.is_err() {
         // Only connections still running: the idle ones closed at the start of the drain.
         reap(&mut connections);
         let cut = connections.len();
@@ -187,6 +157,166 @@ pub async fn serve<S, B>(
         );
     }
     connections.shutdown().await;
+}
+
+/// One client connection, from accept to close: hyper's HTTP/1.1 connection over the framing
+/// guard and the lifecycle, parked after [`PARK_AFTER`] between requests (its buffers freed,
+/// see `edge::keepalive`) and resumed when the client sends again, closed at the idle
+/// timeout, and closed gracefully when `shutdown` turns true (idle: at once; in flight:
+/// after the answer).
+fn connection<S, B>(
+    stream: TcpStream,
+    info: ClientInfo,
+    stack: S,
+    builder: Arc<hyper::server::conn::http1::Builder>,
+    settings: &Connections,
+    mut shutdown: watch::Receiver<bool>,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let activity = Arc::new(Activity::new());
+    // The framing guard reads each request head on the raw bytes, before hyper
+    // normalises what a smuggling attempt would show (see `framing`).
+    let (io, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
+    let mut io = ClientIo::new(
+        io,
+        settings.header_read_timeout,
+        settings.metrics.clone(),
+        Arc::clone(&activity),
+    );
+    let svc = tower::util::MapRequest::new(stack, {
+        let verdicts = verdicts.clone();
+        let activity = Arc::clone(&activity);
+        move |mut req: Request<Incoming>| {
+            activity.request();
+            req.extensions_mut().insert(info);
+            match verdicts.next() {
+                Some(HeadVerdict::Framing(why)) => {
+                    req.extensions_mut().insert(AmbiguousFraming(why));
+                }
+                Some(HeadVerdict::LineTooLong(limit)) => {
+                    req.extensions_mut().insert(HeaderLineTooLong(limit));
+                }
+                None => {}
+            }
+            req
+        }
+    });
+    let svc = tower::util::MapResponse::new(
+        svc,
+        close_when(
+            verdicts.clone(),
+            settings.lame_duck.clone(),
+            settings.metrics.clone(),
+            Arc::clone(&activity),
+        ),
+    );
+    // Only what the task needs from here on is moved into it: it lives as long as the
+    // connection, parked or not, so its size is memory per idle connection.
+    let idle_timeout = settings.idle_timeout;
+    let metrics = settings.metrics.clone();
+    let peer = info.peer;
+    async move {
+        let mut draining = false;
+        let mut timer = std::pin::pin!(tokio::time::sleep(PARK_AFTER));
+        loop {
+            let mut conn =
+                Box::pin(builder.serve_connection(io, TowerToHyperService::new(svc.clone())));
+            timer.as_mut().reset(activity.idle_since() + PARK_AFTER);
+            let mut parking = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = conn.as_mut() => break ended,
+                    () = timer.as_mut(), if !parking && !draining => {
+                        let now = Instant::now();
+                        let idle_since = activity.idle_since();
+                        if activity.between_requests(verdicts.progress()) && now >= idle_since + PARK_AFTER {
+                            parking = true;
+                            activity.set_parking(true);
+                            conn.as_mut().graceful_shutdown();
+                        } else {
+                            timer.as_mut().reset(idle_since.max(now) + PARK_AFTER);
+                        }
+                    }
+                    _ = shutdown.wait_for(|s| *s), if !draining => {
+                        draining = true;
+                        parking = false;
+                        activity.set_parking(false);
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            };
+            match ended {
+                Err(e) if e.is_timeout() => {
+                    // hyper's head timer, which is the idle timeout here.
+                    if let Some(m) = &metrics {
+                        m.connection_closed(CloseReason::IdleTimeout);
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, %peer, "client connection ended with an error");
+                    return;
+                }
+                Ok(()) if !parking => return,
+                Ok(()) => {}
+            }
+            let hyper::server::conn::http1::Parts {
+                io: back, read_buf, ..
+            } = Pin::into_inner(conn).into_parts();
+            io = back;
+            activity.set_parking(false);
+            if !read_buf.is_empty() {
+                io.unread(read_buf);
+                continue;
+            }
+            // Even empty, it holds hyper's whole read buffer.
+            drop(read_buf);
+            // Parked: only the socket and the guard's state are held.
+            verdicts.release();
+            io.release();
+            timer.as_mut().reset(activity.idle_since() + idle_timeout);
+            let _parked = metrics.as_deref().map(Parked::new);
+            tokio::select! {
+                ready = io.guard().get_ref().inner().readable() => {
+                    if ready.is_err() {
+                        return;
+                    }
+                }
+                () = timer.as_mut() => {
+                    if let Some(m) = &metrics {
+                        m.connection_closed(CloseReason::IdleTimeout);
+                    }
+                    return;
+                }
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}
+
+/// Counts a connection in [`crate::metrics::PARKED_CONNECTIONS`] while it lives.
+struct Parked<'a>(&'a Metrics);
+
+impl<'a> Parked<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        metrics.parked_connections.increment(1.0);
+        Parked(metrics)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.parked_connections.decrement(1.0);
+    }
 }
 
 /// Joins the connection tasks that have ended, so that `len` counts the running ones.
@@ -208,12 +338,14 @@ fn log_panic(done: Result<(), tokio::task::JoinError>) {
 /// The answer hook of one connection: adds `Connection: close` to an answer given before its
 /// request was received whole (an early answer; the lifecycle then lingers) or during the
 /// lame duck. hyper answers a connection's requests one at a time and in order, so the n-th
-/// answer is the n-th request's.
+/// answer is the n-th request's. The body is wrapped so that its end marks the connection
+/// idle (`edge::keepalive`).
 fn close_when<B>(
     verdicts: super::framing::Verdicts,
     lame_duck: LameDuck,
     metrics: Option<Arc<Metrics>>,
-) -> impl FnOnce(Response<B>) -> Response<B> + Clone {
+    activity: Arc<Activity>,
+) -> impl FnOnce(Response<B>) -> Response<Answer<B>> + Clone {
     let answered = Arc::new(AtomicU64::new(0));
     move |mut resp: Response<B>| {
         let index = answered.fetch_add(1, Ordering::Relaxed);
@@ -231,6 +363,6 @@ fn close_when<B>(
                 m.connection_closed(reason);
             }
         }
-        resp
+        resp.map(|body| Answer::new(body, activity))
     }
 }

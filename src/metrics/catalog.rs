@@ -57,6 +57,9 @@ pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
 pub const SCHEDULE_ACTIVE: &str = "shedgate_schedule_active";
 /// Client connections shedgate closed on its own, by `reason` ([`CloseReason`](super::CloseReason)).
 pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
+/// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
+/// (`edge::keepalive`).
+pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
 /// 1 for the live policy's `version` (content hash), 0 for earlier ones.
 pub const POLICY_INFO: &str = "shedgate_policy_info";
 /// Policy loads by `outcome` (`success`, `failure`).
@@ -172,6 +175,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "counter",
         "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
          early_answer, lame_duck, drain_cut).",
+    ),
+    (
+        PARKED_CONNECTIONS,
+        "gauge",
+        "Idle keep-alive client connections parked now (buffers freed, only the socket held).",
     ),
     (
         POLICY_INFO,

@@ -207,6 +207,8 @@ pub struct Metrics {
     pub clock_corrected: Gauge,
     /// [`CLOCK_PROBES`].
     pub clock_probes: Counter,
+    /// [`PARKED_CONNECTIONS`].
+    pub parked_connections: Gauge,
     proxy_errors: [Counter; 6],
     connection_closes: [Counter; 5],
     reload_success: Counter,
@@ -261,6 +263,7 @@ impl Metrics {
             .map(|r| counter(CONNECTION_CLOSES, vec![Label::new("reason", r.as_str())]));
         let m = Metrics {
             connection_closes,
+            parked_connections: gauge(PARKED_CONNECTIONS),
             pressure: gauge(PRESSURE),
             pressure_pinned: gauge(PRESSURE_PINNED),
             inflight: gauge(INFLIGHT),

@@ -7,6 +7,7 @@ mod clock;
 mod faults;
 mod fuzz;
 mod geography;
+mod keepalive;
 mod lifecycle;
 mod memory;
 mod operator;

@@ -1,0 +1,184 @@
+//! Idle keep-alive connections, parked: after [`PARK_AFTER`] without a request, a client
+//! connection's task takes the socket back from hyper, frees hyper's buffers, and waits for
+//! the socket to become readable (or the idle timeout, or the drain) holding only the socket
+//! and the framing guard's state; the next request starts a new hyper connection on it.
+//!
+//! hyper's HTTP/1 connection keeps an 8 KiB read buffer and an 8 KiB write buffer for as long
+//! as it lives (`proto/h1/io.rs`, `INIT_BUFFER_SIZE`; `http1::Builder` has no option to
+//! release them), so 10,000 idle keep-alive connections held 153 MiB, where nginx, which frees
+//! a connection's buffers when its request is done (`ngx_http_set_keepalive`), holds 6 MiB.
+//! Parking brings shedgate's cost per idle connection to the socket and a few hundred bytes
+//! of state (README "Benchmarks" has the figures).
+//!
+//! Taking the socket back uses hyper's own graceful close of an idle connection
+//! (`Connection::graceful_shutdown`, which closes a connection at once when it is between
+//! requests) with the IO's shutdown turned into a no-op ([`Activity::parking`]), then
+//! `Connection::into_parts`. It is only done when nothing of a next request has been read:
+//! every request received whole (the framing guard's count) has been handed to the service,
+//! and every answer's body has ended, so hyper is between messages and its read buffer is
+//! empty.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use super::framing::Progress;
+
+/// How long a client connection waits between requests before it is parked. A connection
+/// that carries a request every few milliseconds (a busy keep-alive sender) keeps its hyper
+/// connection and never pays for a new one; one idle for a second has let go of its buffers.
+/// nginx frees them as soon as a request is done; one second keeps the rebuild off busy
+/// connections at the cost of holding 16 KiB for that second.
+pub const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// One client connection's request and answer counts, shared by its service (requests in),
+/// its answers' bodies (answers done) and its IO (the parking flag). All counts start at 0
+/// at accept.
+#[derive(Debug)]
+pub struct Activity {
+    /// Requests handed to the service.
+    requests: AtomicU64,
+    /// Answers whose body has ended (or was dropped by hyper).
+    answered: AtomicU64,
+    /// When the last answer's body ended (or the connection was accepted): milliseconds
+    /// after `since`.
+    last_done_ms: AtomicU64,
+    since: Instant,
+    /// Set while the connection's task takes the socket back from hyper: the IO's shutdown
+    /// then leaves the socket open.
+    parking: AtomicBool,
+}
+
+impl Activity {
+    /// A connection accepted now.
+    pub fn new() -> Self {
+        Activity {
+            requests: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            last_done_ms: AtomicU64::new(0),
+            since: Instant::now(),
+            parking: AtomicBool::new(false),
+        }
+    }
+
+    /// A request reached the service.
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An answer's body ended.
+    fn answer_done(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_done_ms.store(ms, Ordering::Relaxed);
+        self.answered.fetch_add(1, Ordering::Release);
+    }
+
+    /// When the connection last became idle: the end of its last answer, or the accept.
+    pub fn idle_since(&self) -> Instant {
+        self.since + Duration::from_millis(self.last_done_ms.load(Ordering::Relaxed))
+    }
+
+    /// Whether the connection is between requests with nothing of the next one read:
+    /// `progress` (the framing guard's) is at a message boundary after exactly as many
+    /// requests as reached the service, and every one of them has been answered whole.
+    pub fn between_requests(&self, progress: Progress) -> bool {
+        let answered = self.answered.load(Ordering::Acquire);
+        let requests = self.requests.load(Ordering::Relaxed);
+        matches!(progress, Progress::Between(n) if n == requests && answered == requests)
+    }
+
+    /// Sets or clears the parking flag (see [`Activity::parking`]).
+    pub fn set_parking(&self, parking: bool) {
+        self.parking.store(parking, Ordering::Relaxed);
+    }
+
+    /// Whether the connection's task is taking the socket back from hyper: the IO's
+    /// shutdown must leave the socket open.
+    pub fn parking(&self) -> bool {
+        self.parking.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pin_project! {
+    /// An answer's body that tells the connection's [`Activity`] when it is done: when it
+    /// ends or when hyper drops it (written whole, or the connection failed).
+    pub struct Answer<B> {
+        #[pin]
+        body: B,
+        activity: Option<std::sync::Arc<Activity>>,
+    }
+
+    impl<B> PinnedDrop for Answer<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(a) = this.project().activity.take() {
+                a.answer_done();
+            }
+        }
+    }
+}
+
+impl<B> Answer<B> {
+    /// Wraps `body`, an answer on the connection of `activity`.
+    pub fn new(body: B, activity: std::sync::Arc<Activity>) -> Self {
+        Answer {
+            body,
+            activity: Some(activity),
+        }
+    }
+}
+
+impl<B: Body> Body for Answer<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Bytes hyper had read but not used when a connection was taken back from it; served again
+/// before the socket's. Empty in practice (a connection is parked only at a message
+/// boundary), kept so that no byte can be lost if hyper and the framing guard ever disagree.
+#[derive(Debug, Default)]
+pub struct Unread(Bytes);
+
+impl Unread {
+    /// Holds `bytes` to be read first.
+    pub fn set(&mut self, bytes: Bytes) {
+        self.0 = bytes;
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Moves up to `max` waiting bytes out.
+    pub fn take(&mut self, max: usize) -> Bytes {
+        let n = max.min(self.0.len());
+        self.0.split_to(n)
+    }
+}
