@@ -26,11 +26,38 @@ use super::lifecycle::ClientIo;
 use crate::BoxError;
 use crate::metrics::{CloseReason, Metrics};
 
-/// The client's address, inserted into request extensions by the listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The client's address, inserted into request extensions by the listener, with the two
+/// forwarding-header elements that name it, made once per connection rather than formatted
+/// per request (`upstream::add_forwarding_headers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientInfo {
     /// The TCP peer.
     pub peer: SocketAddr,
+    /// The peer's address as `X-Forwarded-For` names it: an IPv4 client on a `[::]` listener
+    /// (`::ffff:a.b.c.d`) as IPv4.
+    pub forwarded_for: HeaderValue,
+    /// The `Forwarded` element for the peer (RFC 7239 section 4): `for=192.0.2.7;proto=http`,
+    /// an IPv6 address quoted and in brackets (section 6).
+    pub forwarded: HeaderValue,
+}
+
+impl ClientInfo {
+    /// The information for a connection from `peer`.
+    pub fn new(peer: SocketAddr) -> Self {
+        let ip = peer.ip().to_canonical();
+        let node = match ip {
+            std::net::IpAddr::V4(ip) => ip.to_string(),
+            std::net::IpAddr::V6(ip) => format!("\"[{ip}]\""),
+        };
+        let text = |s: String| {
+            HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+        };
+        ClientInfo {
+            peer,
+            forwarded_for: text(ip.to_string()),
+            forwarded: text(format!("for={node};proto=http")),
+        }
+    }
 }
 
 /// Set once shutdown has begun: `/healthz` answers 503 (readiness fails) and every answer
@@ -121,7 +148,7 @@ pub async fn serve<S, B>(
         let _ = stream.set_nodelay(true);
         connections.spawn(connection(
             stream,
-            ClientInfo { peer },
+            ClientInfo::new(peer),
             stack.clone(),
             Arc::clone(&builder),
             &settings,
@@ -182,6 +209,7 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    let peer = info.peer;
     let activity = Arc::new(Activity::new());
     // The framing guard reads each request head on the raw bytes, before hyper
     // normalises what a smuggling attempt would show (see `framing`).
@@ -197,7 +225,7 @@ where
         let activity = Arc::clone(&activity);
         move |mut req: Request<Incoming>| {
             activity.request();
-            req.extensions_mut().insert(info);
+            req.extensions_mut().insert(info.clone());
             match verdicts.next() {
                 Some(HeadVerdict::Framing(why)) => {
                     req.extensions_mut().insert(AmbiguousFraming(why));
@@ -223,7 +251,6 @@ where
     // connection, parked or not, so its size is memory per idle connection.
     let idle_timeout = settings.idle_timeout;
     let metrics = settings.metrics.clone();
-    let peer = info.peer;
     async move {
         let mut draining = false;
         let mut timer = std::pin::pin!(tokio::time::sleep(PARK_AFTER));
