@@ -11,12 +11,15 @@
 //! of state (README "Benchmarks" has the figures).
 //!
 //! Taking the socket back uses hyper's own graceful close of an idle connection
-//! (`Connection::graceful_shutdown`, which closes a connection at once when it is between
-//! requests) with the IO's shutdown turned into a no-op ([`Activity::parking`]), then
-//! `Connection::into_parts`. It is only done when nothing of a next request has been read:
-//! every request received whole (the framing guard's count) has been handed to the service,
-//! and every answer's body has ended, so hyper is between messages and its read buffer is
-//! empty.
+//! (`Connection::graceful_shutdown`, which closes a connection at once when hyper is between
+//! messages: the last answer written out, nothing of a next request read) with the IO's
+//! shutdown turned into a no-op ([`Activity::parking`]), then `Connection::into_parts`. It
+//! is only done when the connection is between messages in that sense
+//! ([`Activity::between_requests`]): every request received whole (the framing guard's count)
+//! has been handed to the service, every answer's body has ended, and the last write to the
+//! socket did not block (hyper writes until its buffer is empty or the socket is full, so an
+//! answer still being flushed to a slow reader keeps the connection as it is; an answer that
+//! ends the connection then closes it as before).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,6 +56,8 @@ pub struct Activity {
     /// Set while the connection's task takes the socket back from hyper: the IO's shutdown
     /// then leaves the socket open.
     parking: AtomicBool,
+    /// Whether the last write or flush to the socket blocked: hyper still holds answer bytes.
+    write_blocked: AtomicBool,
 }
 
 impl Activity {
@@ -64,7 +69,13 @@ impl Activity {
             last_done_ms: AtomicU64::new(0),
             since: Instant::now(),
             parking: AtomicBool::new(false),
+            write_blocked: AtomicBool::new(false),
         }
+    }
+
+    /// Records whether a write or flush to the socket blocked (`Poll::Pending`).
+    pub fn write_blocked(&self, blocked: bool) {
+        self.write_blocked.store(blocked, Ordering::Relaxed);
     }
 
     /// A request reached the service.
@@ -86,11 +97,13 @@ impl Activity {
 
     /// Whether the connection is between requests with nothing of the next one read:
     /// `progress` (the framing guard's) is at a message boundary after exactly as many
-    /// requests as reached the service, and every one of them has been answered whole.
+    /// requests as reached the service, every one of them has been answered (its body ended),
+    /// and the last write to the socket did not block.
     pub fn between_requests(&self, progress: Progress) -> bool {
         let answered = self.answered.load(Ordering::Acquire);
         let requests = self.requests.load(Ordering::Relaxed);
-        matches!(progress, Progress::Between(n) if n == requests && answered == requests)
+        !self.write_blocked.load(Ordering::Relaxed)
+            && matches!(progress, Progress::Between(n) if n == requests && answered == requests)
     }
 
     /// Sets or clears the parking flag (see [`Activity::parking`]).
@@ -112,8 +125,8 @@ impl Default for Activity {
 }
 
 pin_project! {
-    /// An answer's body that tells the connection's [`Activity`] when it is done: when it
-    /// ends or when hyper drops it (written whole, or the connection failed).
+    /// An answer's body that tells the connection's [`Activity`] when it is done: when hyper
+    /// drops it (its last frame taken into hyper's write buffer, or the connection failed).
     pub struct Answer<B> {
         #[pin]
         body: B,
@@ -160,8 +173,9 @@ impl<B: Body> Body for Answer<B> {
 }
 
 /// Bytes hyper had read but not used when a connection was taken back from it; served again
-/// before the socket's. Empty in practice (a connection is parked only at a message
-/// boundary), kept so that no byte can be lost if hyper and the framing guard ever disagree.
+/// before the socket's (the framing guard has seen them already). Empty when the connection
+/// is parked at a message boundary; kept so that no byte can be lost if hyper and the framing
+/// guard ever disagree.
 #[derive(Debug, Default)]
 pub struct Unread(Bytes);
 
@@ -180,5 +194,35 @@ impl Unread {
     pub fn take(&mut self, max: usize) -> Bytes {
         let n = max.min(self.0.len());
         self.0.split_to(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn between_requests_needs_every_answer_done_and_nothing_left_to_write() {
+        let a = std::sync::Arc::new(Activity::new());
+        assert!(a.between_requests(Progress::Between(0)), "fresh connection");
+        assert!(!a.between_requests(Progress::InHead(0)), "a head part-way");
+        a.request();
+        assert!(!a.between_requests(Progress::Between(1)), "answer pending");
+        let body = Answer::new(http_body_util::Empty::<Bytes>::new(), a.clone());
+        assert!(!a.between_requests(Progress::Between(1)), "body not ended");
+        a.write_blocked(true);
+        drop(body);
+        assert!(
+            !a.between_requests(Progress::Between(1)),
+            "answer still flushing"
+        );
+        a.write_blocked(false);
+        assert!(a.between_requests(Progress::Between(1)));
+        assert!(
+            !a.between_requests(Progress::Between(2)),
+            "a request not yet served"
+        );
+        assert!(!a.between_requests(Progress::InBody(1)));
+        assert!(!a.between_requests(Progress::Unknown));
     }
 }

@@ -189,11 +189,16 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
         if this.head.is_some() {
             this.arm();
         }
-        Pin::new(&mut this.io).poll_write(cx, buf)
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.activity.write_blocked(written.is_pending());
+        written
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.io).poll_flush(cx);
+        this.activity.write_blocked(flushed.is_pending());
+        flushed
     }
 
     /// Shuts the write side down; then, if the client is still sending a request, lingers.
@@ -259,6 +264,8 @@ impl<IO: Read + Write + Unpin> Write for ClientIo<IO> {
         if this.head.is_some() {
             this.arm();
         }
-        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.activity.write_blocked(written.is_pending());
+        written
     }
 }

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong};
+use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong, Progress};
 use super::keepalive::{Activity, Answer, PARK_AFTER};
 use super::lifecycle::ClientIo;
 use crate::BoxError;
@@ -257,20 +257,29 @@ where
         loop {
             let mut conn =
                 Box::pin(builder.serve_connection(io, TowerToHyperService::new(svc.clone())));
-            timer.as_mut().reset(activity.idle_since() + PARK_AFTER);
+            // From now, not from the last answer: a connection resumed from the park has bytes
+            // to read that hyper has not read yet.
+            timer.as_mut().reset(Instant::now() + PARK_AFTER);
             let mut parking = false;
+            // A connection the framing guard cannot follow is never parked.
+            let mut unknown = false;
             let ended = loop {
                 tokio::select! {
                     ended = conn.as_mut() => break ended,
-                    () = timer.as_mut(), if !parking && !draining => {
+                    () = timer.as_mut(), if !parking && !draining && !unknown => {
                         let now = Instant::now();
                         let idle_since = activity.idle_since();
-                        if activity.between_requests(verdicts.progress()) && now >= idle_since + PARK_AFTER {
+                        let progress = verdicts.progress();
+                        unknown = progress == Progress::Unknown;
+                        let between = activity.between_requests(progress);
+                        if between && now >= idle_since + PARK_AFTER {
                             parking = true;
                             activity.set_parking(true);
                             conn.as_mut().graceful_shutdown();
+                        } else if between {
+                            timer.as_mut().reset(idle_since + PARK_AFTER);
                         } else {
-                            timer.as_mut().reset(idle_since.max(now) + PARK_AFTER);
+                            timer.as_mut().reset(now + PARK_AFTER);
                         }
                     }
                     _ = shutdown.wait_for(|s| *s), if !draining => {
