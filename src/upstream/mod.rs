@@ -1,6 +1,8 @@
-//! The proxy to the upstream: a pooled hyper-util client, header hygiene (RFC 9110 section
-//! 7.6.1), forwarding headers, the upstream timeout, and the mapping of client failures to
-//! rejections (docs/responses.md "Proxying").
+//! The proxy to the upstream: the connection pool ([`pool`]), header hygiene (RFC 9110
+//! section 7.6.1), forwarding headers, the upstream timeout, and the mapping of client
+//! failures to rejections (docs/responses.md "Proxying").
+
+pub mod pool;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,12 +13,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
@@ -93,8 +92,7 @@ pub struct BodyReadTimeout(pub Duration);
 /// Where requests go and how long they may take.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, ForwardBody>,
-    scheme: Scheme,
+    pool: pool::Pool,
     authority: http::uri::Authority,
     path_prefix: String,
     timeout: Duration,
@@ -103,10 +101,7 @@ pub struct Proxy {
     trusted: Arc<[IpNet]>,
 }
 
-/// Idle pooled connections are closed after this, below common upstream keep-alive timeouts
-/// (nginx 75 s, Node.js 5 s is the outlier), so the pool rarely races an upstream closing an
-/// idle connection (hyper issue 2136).
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+pub use pool::POOL_IDLE_TIMEOUT;
 
 impl Proxy {
     /// A proxy to `upstream` (an `http://` URL; a path is a prefix for every request path).
@@ -121,21 +116,18 @@ impl Proxy {
         host: HostHeader,
         trusted: &[IpNet],
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(connector);
         let prefix = upstream.path().trim_end_matches('/').to_owned();
+        let authority = upstream
+            .authority()
+            .cloned()
+            .unwrap_or_else(|| http::uri::Authority::from_static("127.0.0.1"));
         Proxy {
-            client,
-            scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
-            authority: upstream
-                .authority()
-                .cloned()
-                .unwrap_or_else(|| http::uri::Authority::from_static("127.0.0.1")),
+            pool: pool::Pool::new(
+                authority.host(),
+                authority.port_u16().unwrap_or(80),
+                connect_timeout,
+            ),
+            authority,
             path_prefix: prefix,
             timeout,
             body_limit,
@@ -144,20 +136,26 @@ impl Proxy {
         }
     }
 
+    /// The request target sent upstream, in origin form (RFC 9112 section 3.2.1): the path
+    /// prefix, then the client's path and query. The client's own target is reused as it is
+    /// when there is no prefix and it is already in origin form.
     fn upstream_uri(&self, original: &Uri) -> Result<Uri, http::Error> {
         let pq = original.path_and_query().map_or("/", PathAndQuery::as_str);
         // The asterisk form (`OPTIONS *`, the clock probe) is about the server as a whole:
         // no path prefix applies to it.
-        let path = if self.path_prefix.is_empty() || pq == "*" {
-            PathAndQuery::try_from(pq)?
-        } else {
-            PathAndQuery::try_from(format!("{}{pq}", self.path_prefix))?
-        };
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
+        if self.path_prefix.is_empty() || pq == "*" {
+            if original.scheme().is_none()
+                && original.authority().is_none()
+                && original.path_and_query().is_some()
+            {
+                return Ok(original.clone());
+            }
+            return Ok(Uri::from(PathAndQuery::try_from(pq)?));
+        }
+        Ok(Uri::from(PathAndQuery::try_from(format!(
+            "{}{pq}",
+            self.path_prefix
+        ))?))
     }
 }
 
@@ -197,9 +195,11 @@ impl Proxy {
             let trusted = self.trusted.iter().any(|net| net.contains(&ip));
             add_forwarding_headers(&mut parts.headers, info, trusted);
         }
-        if self.host == HostHeader::Upstream
+        if (self.host == HostHeader::Upstream || !parts.headers.contains_key(header::HOST))
             && let Ok(v) = HeaderValue::from_str(self.authority.as_str())
         {
+            // A request without `Host` (HTTP/1.0) gets the upstream's, as HTTP/1.1 requires
+            // (RFC 9112 section 3.2).
             parts.headers.insert(header::HOST, v);
         }
         let progress = parts.extensions.get::<BodyProgress>().cloned();
@@ -210,7 +210,7 @@ impl Proxy {
                 .as_ref()
                 .map_or(Some(started), BodyProgress::finished)
         };
-        let call = self.client.request(request);
+        let call = self.pool.send(request);
         tokio::pin!(call);
         let result = loop {
             // The upstream timeout runs from the end of the request body; while the client
@@ -249,7 +249,7 @@ impl Proxy {
 
     /// Client errors caused by the request body (ours, raised while streaming it) are the
     /// client's fault; everything else is the upstream's.
-    fn classify(&self, e: &hyper_util::client::legacy::Error) -> Rejection {
+    fn classify(&self, e: &pool::SendError) -> Rejection {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = source {
             if err.is::<BodyReadTimeout>() {

@@ -11,6 +11,7 @@ mod keepalive;
 mod lifecycle;
 mod memory;
 mod operator;
+mod pool;
 mod reload;
 #[cfg(feature = "demo")]
 mod replicas;

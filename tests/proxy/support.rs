@@ -82,6 +82,11 @@ impl Default for Behaviour {
 pub struct MockUpstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Recorded>>>,
+    /// TCP connections accepted, and how many of them have closed.
+    pub connections: Arc<(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    )>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -91,18 +96,46 @@ impl MockUpstream {
     }
 
     pub async fn with(behaviour: Behaviour) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::listen(TcpListener::bind("127.0.0.1:0").await.unwrap(), behaviour)
+    }
+
+    /// An upstream on `addr` (one that stopped there before, say: the bind waits until the
+    /// old listener's task has been aborted).
+    pub async fn on(addr: SocketAddr) -> Self {
+        loop {
+            match TcpListener::bind(addr).await {
+                Ok(listener) => return Self::listen(listener, Behaviour::default()),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => panic!("bind {addr}: {e}"),
+            }
+        }
+    }
+
+    /// Serves on `listener`; dropping the upstream closes its connections too.
+    fn listen(listener: TcpListener, behaviour: Behaviour) -> Self {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = Arc::clone(&seen);
+        let connections = Arc::new((
+            std::sync::atomic::AtomicUsize::new(0),
+            std::sync::atomic::AtomicUsize::new(0),
+        ));
+        let counts = Arc::clone(&connections);
         let task = tokio::spawn(async move {
+            // The connections' tasks: aborted with this one.
+            let mut served = tokio::task::JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                counts.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let closed = Arc::clone(&counts);
+                while served.try_join_next().is_some() {}
                 let record = Arc::clone(&record);
                 let behaviour = behaviour.clone();
-                tokio::spawn(async move {
+                served.spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let record = Arc::clone(&record);
                         let behaviour = behaviour.clone();
@@ -141,14 +174,27 @@ impl MockUpstream {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
+                    closed.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 });
             }
         });
-        MockUpstream { addr, seen, task }
+        MockUpstream {
+            addr,
+            seen,
+            connections,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// TCP connections the upstream has accepted, and how many of them are still open.
+    pub fn connections(&self) -> (usize, usize) {
+        let accepted = self.connections.0.load(std::sync::atomic::Ordering::SeqCst);
+        let closed = self.connections.1.load(std::sync::atomic::Ordering::SeqCst);
+        (accepted, accepted - closed)
     }
 
     /// Requests forwarded to the upstream: everything it received but the proxy's own

@@ -1,0 +1,273 @@
+//! The upstream connection pool: HTTP/1.1 connections from hyper's `client::conn::http1`, one
+//! spawned task each, kept idle in a last-in-first-out stack for [`POOL_IDLE_TIMEOUT`].
+//!
+//! shedgate talks to one upstream, so the pool is one stack behind one lock: no pool key, no
+//! hash of scheme and authority per request, no per-request task to wait for the connection
+//! to become reusable (hyper-util's legacy client spawns one for every answer with a body).
+//! A connection goes back on the stack when its answer's body has ended
+//! ([`PooledBody`]); an answer dropped before its end takes its connection with it, since
+//! HTTP/1.1 has no way to abandon an exchange and keep the connection.
+//!
+//! Retries follow hyper-util's legacy client (`retry_canceled_requests`): a request that
+//! hyper hands back unsent because the pooled connection it was given turned out closed is
+//! sent again on another connection; nothing that may have reached the upstream is resent.
+//!
+//! The legacy client's dispatch was the largest shedgate-side symbol in the throughput
+//! profile (README "Benchmarks" has the before and after).
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{Builder, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::ForwardBody;
+
+/// Idle pooled connections are closed after this, below common upstream keep-alive timeouts
+/// (nginx 75 s, Node.js 5 s is the outlier), so the pool rarely races an upstream closing an
+/// idle connection (hyper issue 2136).
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Why a request could not be sent, or its answer not received.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// No TCP connection to the upstream could be made.
+    #[error("connect to {authority}: {source}")]
+    Connect {
+        /// The upstream's `host:port`.
+        authority: String,
+        /// The last address's error (or the name resolution's).
+        source: std::io::Error,
+    },
+    /// Connecting took longer than `--connect-timeout`.
+    #[error("connect to {authority}: timed out after {after:?}")]
+    ConnectTimeout {
+        /// The upstream's `host:port`.
+        authority: String,
+        /// The connect timeout.
+        after: Duration,
+    },
+    /// The HTTP exchange failed: the upstream closed or reset the connection, sent something
+    /// that is not HTTP/1.1, or the request body failed (its error is in the source chain).
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+struct Idle {
+    sender: SendRequest<ForwardBody>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Stack {
+    idle: Mutex<Vec<Idle>>,
+    /// Whether the task that closes expired idle connections runs.
+    reaper: std::sync::atomic::AtomicBool,
+}
+
+/// Connections to one upstream. Cheap to clone; clones share the idle connections.
+#[derive(Clone)]
+pub struct Pool {
+    stack: Arc<Stack>,
+    host: String,
+    port: u16,
+    connect_timeout: Duration,
+    builder: Arc<Builder>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool of connections to `host:port` (a name is resolved for every new connection),
+    /// each made within `connect_timeout`, with `TCP_NODELAY`.
+    pub fn new(host: &str, port: u16, connect_timeout: Duration) -> Self {
+        Pool {
+            stack: Arc::default(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port,
+            connect_timeout,
+            builder: Arc::new(Builder::new()),
+        }
+    }
+
+    /// Sends `req` (origin-form target, `Host` set) on an idle connection, or a new one, and
+    /// returns the answer; its body gives the connection back when it ends.
+    ///
+    /// # Errors
+    /// [`SendError`]: no connection, or the exchange failed.
+    pub async fn send(
+        &self,
+        mut req: Request<ForwardBody>,
+    ) -> Result<Response<PooledBody>, SendError> {
+        loop {
+            let (mut sender, reused) = match self.checkout().await {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(req).await {
+                Ok(response) => {
+                    let stack = Arc::downgrade(&self.stack);
+                    return Ok(response.map(|body| PooledBody {
+                        body,
+                        sender: Some(sender),
+                        stack,
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Unsent on a connection that had closed while idle: try another.
+                    Some(unsent) if reused => req = unsent,
+                    _ => return Err(SendError::Http(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently used idle connection that is still open and ready, if any.
+    async fn checkout(&self) -> Option<SendRequest<ForwardBody>> {
+        loop {
+            let idle = {
+                let mut stack = self.stack.idle.lock().ok()?;
+                stack.pop()?
+            };
+            if idle.since.elapsed() >= POOL_IDLE_TIMEOUT || idle.sender.is_closed() {
+                continue;
+            }
+            let mut sender = idle.sender;
+            // Just back from an answer, hyper may not have marked it ready yet.
+            if sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    /// A new connection, its task spawned.
+    async fn connect(&self) -> Result<SendRequest<ForwardBody>, SendError> {
+        let authority = || format!("{}:{}", self.host, self.port);
+        let stream = tokio::time::timeout(self.connect_timeout, async {
+            let mut last = None;
+            for addr in tokio::net::lookup_host((self.host.as_str(), self.port)).await? {
+                match TcpStream::connect(addr).await {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no address for the name")
+            }))
+        })
+        .await
+        .map_err(|_| SendError::ConnectTimeout {
+            authority: authority(),
+            after: self.connect_timeout,
+        })?
+        .map_err(|source| SendError::Connect {
+            authority: authority(),
+            source,
+        })?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = self.builder.handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        self.start_reaper();
+        Ok(sender)
+    }
+
+    /// Starts, once, the task that closes idle connections past [`POOL_IDLE_TIMEOUT`] when
+    /// no request comes to find them; it ends with the pool.
+    fn start_reaper(&self) {
+        use std::sync::atomic::Ordering;
+        if self.stack.reaper.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let stack = Arc::downgrade(&self.stack);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(POOL_IDLE_TIMEOUT).await;
+                let Some(stack) = stack.upgrade() else { return };
+                if let Ok(mut idle) = stack.idle.lock() {
+                    idle.retain(|c| c.since.elapsed() < POOL_IDLE_TIMEOUT && !c.sender.is_closed());
+                }
+            }
+        });
+    }
+}
+
+/// An answer's body from a pooled connection: when it ends, the connection goes back to the
+/// pool; dropped before its end, the connection is closed.
+#[derive(Debug)]
+pub struct PooledBody {
+    body: Incoming,
+    sender: Option<SendRequest<ForwardBody>>,
+    stack: Weak<Stack>,
+}
+
+impl PooledBody {
+    fn give_back(&mut self) {
+        let (Some(sender), Some(stack)) = (self.sender.take(), self.stack.upgrade()) else {
+            return;
+        };
+        if let Ok(mut idle) = stack.idle.lock() {
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = Pin::new(&mut self.body).poll_frame(cx);
+        match &frame {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.sender = None,
+            _ => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // hyper's server does not poll a body that says it is at its end (a 204, an empty
+        // answer): such a body ended whole.
+        if self.body.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
