@@ -246,10 +246,31 @@ impl Tracker {
         if matches!(self.phase, Phase::Lost) {
             return;
         }
-        self.pending.extend_from_slice(input);
+        // Bytes are parsed where they lie: only what is left of a partial head or chunk line
+        // is kept for the next read (copying every read into `pending` first was a memcpy and,
+        // per connection, an allocation that the throughput profile showed).
+        if self.pending.is_empty() {
+            let used = self.consume(input);
+            if !matches!(self.phase, Phase::Lost) {
+                self.pending.extend_from_slice(&input[used..]);
+            }
+        } else {
+            let mut pending = std::mem::take(&mut self.pending);
+            pending.extend_from_slice(input);
+            let used = self.consume(&pending);
+            if !matches!(self.phase, Phase::Lost) {
+                pending.drain(..used);
+                self.pending = pending;
+            }
+        }
+    }
+
+    /// Follows the connection through `buf`; returns how many bytes were used (the rest is a
+    /// partial head or chunk line).
+    fn consume(&mut self, buf: &[u8]) -> usize {
         let mut pos = 0;
-        while pos < self.pending.len() {
-            let avail = self.pending.len() - pos;
+        while pos < buf.len() {
+            let avail = buf.len() - pos;
             match self.phase {
                 Phase::Lost => break,
                 Phase::Head => {
@@ -258,7 +279,7 @@ impl Tracker {
                     // the next message starts.
                     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
                     let mut req = httparse::Request::new(&mut headers);
-                    match req.parse(&self.pending[pos..]) {
+                    match req.parse(&buf[pos..]) {
                         Ok(httparse::Status::Complete(n)) => {
                             let verdict = judge(&req)
                                 .map(HeadVerdict::Framing)
@@ -286,13 +307,13 @@ impl Tracker {
                     };
                 }
                 Phase::ChunkSize | Phase::Trailers => {
-                    let Some(nl) = self.pending[pos..].iter().position(|&b| b == b'\n') else {
+                    let Some(nl) = buf[pos..].iter().position(|&b| b == b'\n') else {
                         if avail > MAX_HEAD {
                             self.phase = Phase::Lost;
                         }
                         break;
                     };
-                    let line = String::from_utf8_lossy(&self.pending[pos..pos + nl]).into_owned();
+                    let line = String::from_utf8_lossy(&buf[pos..pos + nl]).into_owned();
                     pos += nl + 1;
                     self.chunk_line(line.trim_end_matches('\r'));
                 }
@@ -318,11 +339,7 @@ impl Tracker {
                 }
             }
         }
-        if matches!(self.phase, Phase::Lost) {
-            self.pending = Vec::new();
-        } else {
-            self.pending.drain(..pos.min(self.pending.len()));
-        }
+        pos.min(buf.len())
     }
 
     fn line_too_long(&self, req: &httparse::Request<'_, '_>) -> Option<HeadVerdict> {
