@@ -80,7 +80,7 @@ pub enum HostHeader {
     /// Pass the client's `Host` through (virtual hosting upstream still works).
     #[default]
     Client,
-    /// Replace it with the upstream URL's authority.
+    /// Replace it with the upstream URL's host, and its port unless 80.
     Upstream,
 }
 
@@ -94,6 +94,8 @@ pub struct BodyReadTimeout(pub Duration);
 pub struct Proxy {
     pool: pool::Pool,
     authority: http::uri::Authority,
+    /// `Host` for the upstream: its host, and its port unless 80; never user information.
+    host_header: HeaderValue,
     path_prefix: String,
     timeout: Duration,
     body_limit: u64,
@@ -121,12 +123,16 @@ impl Proxy {
             .authority()
             .cloned()
             .unwrap_or_else(|| http::uri::Authority::from_static("127.0.0.1"));
+        let port = authority.port_u16().unwrap_or(80);
+        let host_header = if port == 80 {
+            HeaderValue::from_str(authority.host())
+        } else {
+            HeaderValue::from_str(&format!("{}:{port}", authority.host()))
+        }
+        .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         Proxy {
-            pool: pool::Pool::new(
-                authority.host(),
-                authority.port_u16().unwrap_or(80),
-                connect_timeout,
-            ),
+            pool: pool::Pool::new(authority.host(), port, connect_timeout),
+            host_header,
             authority,
             path_prefix: prefix,
             timeout,
@@ -195,12 +201,10 @@ impl Proxy {
             let trusted = self.trusted.iter().any(|net| net.contains(&ip));
             add_forwarding_headers(&mut parts.headers, info, trusted);
         }
-        if (self.host == HostHeader::Upstream || !parts.headers.contains_key(header::HOST))
-            && let Ok(v) = HeaderValue::from_str(self.authority.as_str())
-        {
+        if self.host == HostHeader::Upstream || !parts.headers.contains_key(header::HOST) {
             // A request without `Host` (HTTP/1.0) gets the upstream's, as HTTP/1.1 requires
             // (RFC 9112 section 3.2).
-            parts.headers.insert(header::HOST, v);
+            parts.headers.insert(header::HOST, self.host_header.clone());
         }
         let progress = parts.extensions.get::<BodyProgress>().cloned();
         let request = Request::from_parts(parts, body);

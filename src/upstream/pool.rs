@@ -1,12 +1,13 @@
 //! The upstream connection pool: HTTP/1.1 connections from hyper's `client::conn::http1`, one
 //! spawned task each, kept idle in a last-in-first-out stack for [`POOL_IDLE_TIMEOUT`].
 //!
-//! shedgate talks to one upstream, so the pool is one stack behind one lock: no pool key, no
-//! hash of scheme and authority per request, no per-request task to wait for the connection
-//! to become reusable (hyper-util's legacy client spawns one for every answer with a body).
-//! A connection goes back on the stack when its answer's body has ended
-//! ([`PooledBody`]); an answer dropped before its end takes its connection with it, since
-//! HTTP/1.1 has no way to abandon an exchange and keep the connection.
+//! shedgate talks to one upstream, so the pool is one stack behind one lock: no pool key and
+//! no hash of scheme and authority per request. A connection goes back on the stack when its
+//! answer's body has ended ([`PooledBody`]), at once when hyper is ready for the next request
+//! on it (the common case: the request was written whole before the answer came), else from a
+//! task that waits until it is (an upstream that answered before reading the whole request),
+//! as hyper-util's legacy client does; an answer dropped before its end takes its connection
+//! with it (the rest of its body is not drained).
 //!
 //! Retries follow hyper-util's legacy client (`retry_canceled_requests`): a request that
 //! hyper hands back unsent because the pooled connection it was given turned out closed is
@@ -31,30 +32,21 @@ use tokio::time::Instant;
 
 use super::ForwardBody;
 
-/// Idle pooled connections are closed after this, below common upstream keep-alive timeouts
+/// Idle pooled connections are not used after this, below common upstream keep-alive timeouts
 /// (nginx 75 s, Node.js 5 s is the outlier), so the pool rarely races an upstream closing an
-/// idle connection (hyper issue 2136).
+/// idle connection (hyper issue 2136); a reaper closes them within twice this.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Why a request could not be sent, or its answer not received.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    /// No TCP connection to the upstream could be made.
-    #[error("connect to {authority}: {source}")]
-    Connect {
-        /// The upstream's `host:port`.
-        authority: String,
-        /// The last address's error (or the name resolution's).
-        source: std::io::Error,
-    },
-    /// Connecting took longer than `--connect-timeout`.
-    #[error("connect to {authority}: timed out after {after:?}")]
-    ConnectTimeout {
-        /// The upstream's `host:port`.
-        authority: String,
-        /// The connect timeout.
-        after: Duration,
-    },
+    /// No TCP connection to the upstream could be made: the last address's error, or the
+    /// name resolution's.
+    #[error("connect failed")]
+    Connect(#[source] std::io::Error),
+    /// Resolving the name and connecting took longer than `--connect-timeout` (seconds).
+    #[error("connect timed out after {0:?}")]
+    ConnectTimeout(Duration),
     /// The HTTP exchange failed: the upstream closed or reset the connection, sent something
     /// that is not HTTP/1.1, or the request body failed (its error is in the source chain).
     #[error(transparent)]
@@ -151,37 +143,46 @@ impl Pool {
                 continue;
             }
             let mut sender = idle.sender;
-            // Just back from an answer, hyper may not have marked it ready yet.
+            // Only ready connections are given back; this is the check that it still is.
             if sender.ready().await.is_ok() {
                 return Some(sender);
             }
         }
     }
 
-    /// A new connection, its task spawned.
+    /// A new connection, its task spawned. The name is resolved and its addresses tried in
+    /// order within the connect timeout, each address given an equal share of what is left
+    /// of it (hyper-util's `HttpConnector` splits it the same way; it also races IPv4 and
+    /// IPv6, which this does not).
     async fn connect(&self) -> Result<SendRequest<ForwardBody>, SendError> {
-        let authority = || format!("{}:{}", self.host, self.port);
-        let stream = tokio::time::timeout(self.connect_timeout, async {
-            let mut last = None;
-            for addr in tokio::net::lookup_host((self.host.as_str(), self.port)).await? {
-                match TcpStream::connect(addr).await {
-                    Ok(stream) => return Ok(stream),
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.unwrap_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no address for the name")
-            }))
-        })
+        let deadline = Instant::now() + self.connect_timeout;
+        let timed_out = |_| SendError::ConnectTimeout(self.connect_timeout);
+        let addrs: Vec<_> = tokio::time::timeout_at(
+            deadline,
+            tokio::net::lookup_host((self.host.as_str(), self.port)),
+        )
         .await
-        .map_err(|_| SendError::ConnectTimeout {
-            authority: authority(),
-            after: self.connect_timeout,
-        })?
-        .map_err(|source| SendError::Connect {
-            authority: authority(),
-            source,
-        })?;
+        .map_err(timed_out)?
+        .map_err(SendError::Connect)?
+        .collect();
+        let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address for the name");
+        let mut stream = None;
+        for (i, addr) in addrs.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let share = left / u32::try_from(addrs.len() - i).unwrap_or(u32::MAX);
+            match tokio::time::timeout(share, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    stream = Some(s);
+                    break;
+                }
+                Ok(Err(e)) => last = e,
+                Err(_) if i + 1 == addrs.len() => {
+                    return Err(SendError::ConnectTimeout(self.connect_timeout));
+                }
+                Err(_) => {}
+            }
+        }
+        let stream = stream.ok_or(SendError::Connect(last))?;
         let _ = stream.set_nodelay(true);
         let (sender, conn) = self.builder.handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
@@ -223,16 +224,36 @@ pub struct PooledBody {
 }
 
 impl PooledBody {
+    /// Puts the connection back on the stack: now if hyper is ready for a next request on
+    /// it, else once it is (it is still writing a request the upstream answered early).
     fn give_back(&mut self) {
-        let (Some(sender), Some(stack)) = (self.sender.take(), self.stack.upgrade()) else {
+        let Some(mut sender) = self.sender.take() else {
             return;
         };
-        if let Ok(mut idle) = stack.idle.lock() {
-            idle.push(Idle {
-                sender,
-                since: Instant::now(),
+        if sender.is_ready() {
+            push(&self.stack, sender);
+            return;
+        }
+        // Outside a runtime (dropped at shutdown) the connection is simply closed.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let stack = self.stack.clone();
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    push(&stack, sender);
+                }
             });
         }
+    }
+}
+
+fn push(stack: &Weak<Stack>, sender: SendRequest<ForwardBody>) {
+    if let Some(stack) = stack.upgrade()
+        && let Ok(mut idle) = stack.idle.lock()
+    {
+        idle.push(Idle {
+            sender,
+            since: Instant::now(),
+        });
     }
 }
 

@@ -90,3 +90,61 @@ async fn a_request_without_host_gets_the_upstreams() {
     let host = up.last().headers["host"].to_str().unwrap().to_owned();
     assert_eq!(host, up.addr.to_string());
 }
+
+/// An upstream that answers as soon as it has a request head, without reading the body
+/// (as a 401 or 413 would), and keeps every connection open.
+async fn early_answering_upstream() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut open = Vec::new();
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match tcp.read(&mut byte).await {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let _ = tcp
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .await;
+            open.push(tcp);
+        }
+    });
+    (addr, task)
+}
+
+/// A connection whose request body is still being sent when its answer has come is not
+/// given to the next request: that request gets a connection of its own and its answer,
+/// while the first client is still sending.
+#[tokio::test]
+async fn a_connection_still_sending_is_not_given_to_the_next_request() {
+    let (addr, upstream) = early_answering_upstream().await;
+    let policy = PolicyDir::seed();
+    let proxy = spawn_proxy(&format!("http://{addr}"), policy.path()).await;
+    // A never-shed stream: its body is streamed to the upstream as it arrives.
+    let mut slow = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    slow.write_all(
+        b"POST /ingest HTTP/1.1\r\nHost: x\r\nX-Stream: geofence.transition\r\n\
+          Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"lat\":",
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 12];
+    slow.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let second = tokio::time::timeout(
+        Duration::from_secs(30),
+        post(&proxy, "geofence.transition", event((52.52, 13.40), 0)),
+    )
+    .await
+    .expect("the next request waited for a connection still sending");
+    assert_eq!(second.status, 200);
+    drop(slow);
+    upstream.abort();
+}
