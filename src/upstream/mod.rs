@@ -96,7 +96,7 @@ pub struct Proxy {
     authority: http::uri::Authority,
     /// `Host` for the upstream: its host, and its port unless 80; never user information.
     host_header: HeaderValue,
-    path_prefix: String,
+    path_prefix: Arc<str>,
     timeout: Duration,
     body_limit: u64,
     host: HostHeader,
@@ -134,7 +134,7 @@ impl Proxy {
             pool: pool::Pool::new(authority.host(), port, connect_timeout),
             host_header,
             authority,
-            path_prefix: prefix,
+            path_prefix: prefix.into(),
             timeout,
             body_limit,
             host,
@@ -304,11 +304,21 @@ pub const HOP_BY_HOP: [HeaderName; 9] = [
 /// Removes hop-by-hop headers: the standard set and every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Bytes, not `to_str`: a non-UTF-8 value must not hide the tokens beside it.
+    // Tokens that name a header removed below anyway (`keep-alive`, `close`-free lists in
+    // practice) are skipped without making a `HeaderName` of them.
     let nominated: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| {
+            !t.eq_ignore_ascii_case(b"keep-alive")
+                && !t.eq_ignore_ascii_case(b"close")
+                && !HOP_BY_HOP
+                    .iter()
+                    .any(|h| t.eq_ignore_ascii_case(h.as_str().as_bytes()))
+        })
+        .filter_map(|t| HeaderName::from_bytes(t).ok())
         .collect();
     for name in nominated {
         headers.remove(name);

@@ -65,14 +65,26 @@ struct Stack {
     reaper: std::sync::atomic::AtomicBool,
 }
 
-/// Connections to one upstream. Cheap to clone; clones share the idle connections.
+/// Connections to one upstream. Cheap to clone (one reference count: the proxy service is
+/// cloned twice per request); clones share the idle connections.
 #[derive(Clone)]
-pub struct Pool {
+pub struct Pool(Arc<Shared>);
+
+/// What the clones of a [`Pool`] share.
+pub struct Shared {
     stack: Arc<Stack>,
     host: String,
     port: u16,
     connect_timeout: Duration,
-    builder: Arc<Builder>,
+    builder: Builder,
+}
+
+impl std::ops::Deref for Pool {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -88,7 +100,7 @@ impl Pool {
     /// A pool of connections to `host:port` (a name is resolved for every new connection),
     /// each made within `connect_timeout`, with `TCP_NODELAY`.
     pub fn new(host: &str, port: u16, connect_timeout: Duration) -> Self {
-        Pool {
+        Pool(Arc::new(Shared {
             stack: Arc::default(),
             host: host
                 .trim_start_matches('[')
@@ -96,8 +108,8 @@ impl Pool {
                 .to_owned(),
             port,
             connect_timeout,
-            builder: Arc::new(Builder::new()),
-        }
+            builder: Builder::new(),
+        }))
     }
 
     /// Sends `req` (origin-form target, `Host` set) on an idle connection, or a new one, and
