@@ -4,10 +4,11 @@
 Opens N client connections to a proxy on 127.0.0.1, sends one request on each (the shared
 harness's 312-byte vehicle.position POST) and reads its answer, then leaves every connection
 open and idle. Reports the RSS of the proxy's processes (the PIDs given and their children)
-before, with the N idle connections, and `--after` seconds (default 5) after they have all
+before, with the N idle connections (after `--hold` seconds idle, default 5), and `--after`
+seconds (default 5) after they have all
 closed.
 
-Usage: scripts/idle-rss.py --port 18083 --pid PID [--conns 10000] [--after 5]
+Usage: scripts/idle-rss.py --port 18083 --pid PID [--conns 10000] [--hold 5] [--after 5]
 Loopback only; bounded in count (N) and time (a 120 s deadline per phase).
 """
 
