@@ -16,18 +16,6 @@ use crate::support::*;
 
 const PROBE: &[u8] = b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n";
 
-/// Reads one response head (up to the blank line); panics on EOF.
-async fn read_head(tcp: &mut TcpStream) -> String {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        let n = tcp.read(&mut byte).await.unwrap();
-        assert!(n == 1, "EOF after {:?}", String::from_utf8_lossy(&buf));
-        buf.push(byte[0]);
-    }
-    String::from_utf8(buf).unwrap()
-}
-
 /// Reads one whole response with a `Content-Length` body: its head and body.
 async fn read_response(tcp: &mut TcpStream) -> (String, Vec<u8>) {
     let head = read_head(tcp).await;

@@ -471,3 +471,17 @@ pub async fn closed_port() -> SocketAddr {
     drop(l);
     addr
 }
+
+/// Reads one response head (up to the blank line) from a raw connection and returns it;
+/// panics on EOF.
+pub async fn read_head(tcp: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        let n = tcp.read(&mut byte).await.unwrap();
+        assert!(n == 1, "EOF after {:?}", String::from_utf8_lossy(&buf));
+        buf.push(byte[0]);
+    }
+    String::from_utf8(buf).unwrap()
+}
