@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
@@ -172,34 +171,10 @@ impl<B: Body> Body for Answer<B> {
     }
 }
 
-/// Bytes hyper had read but not used when a connection was taken back from it; served again
-/// before the socket's (the framing guard has seen them already). Empty when the connection
-/// is parked at a message boundary; kept so that no byte can be lost if hyper and the framing
-/// guard ever disagree.
-#[derive(Debug, Default)]
-pub struct Unread(Bytes);
-
-impl Unread {
-    /// Holds `bytes` to be read first.
-    pub fn set(&mut self, bytes: Bytes) {
-        self.0 = bytes;
-    }
-
-    /// Whether nothing waits.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Moves up to `max` waiting bytes out.
-    pub fn take(&mut self, max: usize) -> Bytes {
-        let n = max.min(self.0.len());
-        self.0.split_to(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn between_requests_needs_every_answer_done_and_nothing_left_to_write() {

@@ -24,7 +24,7 @@ use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
 use tokio::time::{Instant, Sleep};
 
 use super::framing::{FramingGuard, Progress};
-use super::keepalive::{Activity, Unread};
+use super::keepalive::Activity;
 use crate::metrics::{CloseReason, Metrics};
 
 /// Longest lingering close: nginx's `lingering_time` default.
@@ -63,7 +63,11 @@ pub struct ClientIo<IO> {
     /// The connection's counts and parking flag (`edge::keepalive`).
     activity: std::sync::Arc<Activity>,
     /// Bytes to read again before the socket's, after the connection was parked.
-    unread: Unread,
+    /// Bytes hyper had read but not used when the connection was taken back from it
+    /// (`edge::keepalive`), read again before the socket's: the framing guard has seen them
+    /// already. Empty when the connection was parked at a message boundary; kept so that no
+    /// byte can be lost if hyper and the framing guard ever disagree.
+    unread: bytes::Bytes,
 }
 
 impl<IO> ClientIo<IO> {
@@ -86,7 +90,7 @@ impl<IO> ClientIo<IO> {
             linger: Linger::Open,
             metrics,
             activity,
-            unread: Unread::default(),
+            unread: bytes::Bytes::new(),
         }
     }
 
@@ -98,7 +102,7 @@ impl<IO> ClientIo<IO> {
     /// Bytes hyper had read but not used when the connection was taken back from it: they
     /// are read again first (the framing guard has seen them already).
     pub fn unread(&mut self, bytes: bytes::Bytes) {
-        self.unread.set(bytes);
+        self.unread = bytes;
     }
 
     /// Starts the head's deadline from now.
@@ -146,7 +150,8 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
         let this = self.get_mut();
         if !this.unread.is_empty() {
             let mut buf = buf;
-            buf.put_slice(&this.unread.take(buf.remaining()));
+            let n = buf.remaining().min(this.unread.len());
+            buf.put_slice(&this.unread.split_to(n));
             return Poll::Ready(Ok(()));
         }
         match Pin::new(&mut this.io).poll_read(cx, buf) {
