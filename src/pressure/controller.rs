@@ -77,6 +77,25 @@ pub const PROPORTIONAL_GAIN: f64 = 1.0;
 /// must not shed; random arrivals below capacity queue now and then and must not either. The
 /// margin fades linearly as the effort grows to [`ENGAGED_EFFORT`].
 pub const REST_MARGIN: f64 = 3.0;
+/// Predicted latency, as a share of the target, at and under which the share's proportional
+/// part is shut: a queue that Little's law says a request clears in a quarter of the target
+/// is no reason to shed, however many learned shares deep it is (docs/pressure.md "Pressure":
+/// a queue at good latency is not overload). The prediction is in-flight over the rate the
+/// upstream completes requests at; the part opens linearly up to [`GATE_OPEN`]. Without it, a
+/// replica that had seen only light traffic (a share of one request) shed 5% of a burst to
+/// 95% of a fast upstream whose p99 stayed at a third of the target
+/// (`tests/proxy/scenarios.rs`, `a_burst_to_a_fast_upstream_sheds_nothing`).
+pub(super) const GATE_SHUT: f64 = 0.25;
+/// Predicted latency, as a share of the target, at and above which the share's proportional
+/// part acts in full: half the target, below the [`LATENCY_SETPOINT`] the integral holds in
+/// steady overload, so that in overload the loop is what it was without the gate.
+pub(super) const GATE_OPEN: f64 = 0.5;
+/// Shortest time over which [`Output::pressure_at`] reads a rate from the samples since the
+/// last tick: a tenth of a tick, so that one answer just after a tick is not read as a fast
+/// upstream. In `a_burst_to_a_fast_upstream_sheds_nothing` the burst's first tick shed 18
+/// requests with them, 90 when they were read as a rate over two ticks (no clock read), 177
+/// without them, and 369 without the gate.
+pub(super) const MIN_RATE_SPAN: Duration = Duration::from_millis(5);
 /// Proportional gain past the safety cap (`--max-inflight`), load index per cap's worth of
 /// in-flight over [`SETPOINT`] times the cap, with no rest margin: a cap is the operator's own
 /// statement of how much this replica may hold, not a learned share that a slower deploy can
@@ -146,6 +165,13 @@ pub struct Output {
     pub share: f64,
     /// The safety cap (`--max-inflight`), if set.
     pub cap: Option<NonZeroU32>,
+    /// Requests per second the upstream completes for this replica at the last tick (0 while
+    /// none completes): with the in-flight count, the latency Little's law predicts.
+    pub serving_rate: f64,
+    /// The latency target, seconds.
+    pub latency_target: f64,
+    /// When the tick that made this output ran; `None` before the first.
+    pub at: Option<Instant>,
 }
 
 impl Output {
@@ -154,18 +180,44 @@ impl Output {
     /// ```text
     /// u = inflight / max(share, MIN_SHARE)                (0 while the share is unknown)
     /// reference = SETPOINT + REST_MARGIN * max(0, 1 - effort / ENGAGED_EFFORT)
-    /// proportional = max(PROPORTIONAL_GAIN * (u - reference),
-    ///                    CAP_GAIN * (inflight / cap - SETPOINT))   (the cap term if set)
+    /// predicted = inflight / serving_rate / latency_target     (infinite while nothing completes)
+    /// gate = clamp((predicted - GATE_SHUT) / (GATE_OPEN - GATE_SHUT), 0, 1)
+    /// share_part = PROPORTIONAL_GAIN * (u - reference), times gate where positive
+    /// proportional = max(share_part, CAP_GAIN * (inflight / cap - SETPOINT))   (the cap term if set)
     /// x = base + max(0, effort + proportional)
     /// p = 1 - 2^(-x)
     /// ```
     ///
     /// `x = 1` gives `p = 0.5`, `x = 2` 0.75, `x = 3` 0.875. Continuous in every state
-    /// variable and non-decreasing in `inflight`.
+    /// variable and non-decreasing in `inflight`. The gate opens where the share part is at
+    /// most `PROPORTIONAL_GAIN * inflight / share`, over `GATE_OPEN / (GATE_OPEN - GATE_SHUT)`
+    /// more requests than where it starts to, so one more request moves the load index by at
+    /// most three times `PROPORTIONAL_GAIN / share`.
     pub fn pressure(&self, inflight: u32) -> f64 {
+        self.pressure_at(inflight, 0, Duration::ZERO)
+    }
+
+    /// [`Output::pressure`], with `completed` latency samples in the `since` that passed
+    /// since the tick that made this output: `completed / max(since, MIN_RATE_SPAN)` per
+    /// second is a rate the upstream serves at now, so a burst beyond anything this replica
+    /// saw before is known to be served within milliseconds, not at the next tick. Only the
+    /// gate's prediction reads it.
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a sample count of one tick, far below 2^52"
+    )]
+    pub fn pressure_at(&self, inflight: u32, completed: u64, since: Duration) -> f64 {
         let n = f64::from(inflight);
         let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);
         let mut proportional = PROPORTIONAL_GAIN * (self.per_share(n, MIN_SHARE) - reference);
+        if proportional > 0.0 {
+            let serving = self
+                .serving_rate
+                .max(completed as f64 / since.max(MIN_RATE_SPAN).as_secs_f64());
+            // n > 0 here; a rate or target of 0 predicts an infinite latency: the gate is open.
+            let predicted = n / (serving * self.latency_target);
+            proportional *= ((predicted - GATE_SHUT) / (GATE_OPEN - GATE_SHUT)).clamp(0.0, 1.0);
+        }
         if let Some(per_cap) = self.per_cap(n) {
             proportional = proportional.max(CAP_GAIN * (per_cap - SETPOINT));
         }
@@ -320,6 +372,7 @@ impl Controller {
             noload: NoLoad::default(),
             output: Output {
                 cap: config.max_inflight,
+                latency_target: config.latency_target.as_secs_f64(),
                 ..Output::default()
             },
             last: None,
@@ -498,11 +551,23 @@ impl Controller {
             .config
             .max_inflight
             .map_or(0.0, |cap| f64::from(inflight) / f64::from(cap.get()));
+        // The rate the upstream completes requests at: the smoothed one, or this tick's if
+        // higher (a burst beyond what this replica saw before is served at once, and a
+        // smoothed rate still rising would predict a queue that is not there); between
+        // bursts, the peak it last showed.
+        let serving = if flowing {
+            self.rate.max(latency.count as f64 / dt)
+        } else {
+            self.peak_rate
+        };
         self.output = Output {
             base: lc.max(queue_part).max(cap_part).clamp(0.0, 1.0),
             effort,
             share: self.noload.value().map_or(0.0, |l0| self.peak_rate * l0),
             cap: self.config.max_inflight,
+            serving_rate: serving,
+            latency_target: target,
+            at: Some(now),
         };
         self.output
     }

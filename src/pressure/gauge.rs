@@ -71,8 +71,15 @@ impl PressureGauge {
         }
     }
 
+    /// The controller's output at `inflight`, with the latency samples since the last tick
+    /// (their count, and the time since the tick: one clock read).
     fn computed(&self, inflight: u32) -> f64 {
-        self.output.load().pressure(inflight)
+        let (completed, _) = unpack(self.latency.load(Ordering::Relaxed), LATENCY_SUM_BITS);
+        let out = self.output.load();
+        let since = out.at.map_or(Duration::ZERO, |at| {
+            Instant::now().saturating_duration_since(at)
+        });
+        out.pressure_at(inflight, completed, since)
     }
 
     fn pin_value(&self) -> Option<Pressure> {

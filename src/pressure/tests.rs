@@ -144,6 +144,23 @@ async fn an_upstream_that_stops_answering_is_overload() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_queue_that_clears_in_a_fraction_of_the_target_is_not_shed() {
+    // Learned at 100 answers a second (a share of 2.5). Then 20 in flight, eight shares,
+    // answered 2,000 a second: Little's law says a request waits 10 ms, a fifth of the
+    // target. The proportional part stays shut, before the tick that sees the rate (the
+    // answers since the last tick say it) and after.
+    let (mut c, now) = learned();
+    let before = c.output();
+    assert!(before.pressure(20) > 0.9, "{before:?}");
+    let since = Duration::from_millis(20);
+    assert!(before.pressure_at(20, 40, since) < 0.5, "{before:?}");
+    let (_, p) = run(&mut c, now, 0.05, 20, samples(100, 10));
+    assert!(p < 0.5, "{p} {:?}", c.state(20));
+    // The same 20 in flight with no answer since the tick: a hang is still overload.
+    assert!(c.output().pressure_at(20, 0, since) >= p);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_burst_after_a_quiet_night_is_not_a_hang() {
     // A day's traffic, ten minutes of none, then twice the day's in-flight whose first
     // answers are not back yet.
@@ -234,20 +251,23 @@ async fn fewer_arrivals_for_this_replica_are_not_under_use() {
 
 proptest::proptest! {
     /// Pressure is non-decreasing in the in-flight count and has no cliff: one more request
-    /// in flight moves the load index by at most PROPORTIONAL_GAIN / share.
+    /// in flight moves the load index by at most three times PROPORTIONAL_GAIN / share (the
+    /// gate on predicted latency opening, `Output::pressure`).
     #[test]
     fn continuous_and_monotone_in_inflight(
         base in 0.0f64..=1.0,
         effort in 0.0f64..=super::MAX_EFFORT,
         share in 1.0f64..64.0,
         inflight in 0u32..400,
+        serving_rate in 0.0f64..1000.0,
+        latency_target in 0.001f64..1.0,
     ) {
-        let out = Output { base, effort, share, cap: None };
+        let out = Output { base, effort, share, cap: None, serving_rate, latency_target, at: None };
         let (a, b) = (out.pressure(inflight), out.pressure(inflight + 1));
         proptest::prop_assert!((0.0..=1.0).contains(&a));
         proptest::prop_assert!(b >= a);
         // dp/dx = ln 2 * 2^-x <= ln 2.
-        let step = std::f64::consts::LN_2 * PROPORTIONAL_GAIN / share;
+        let step = 3.0 * std::f64::consts::LN_2 * PROPORTIONAL_GAIN / share;
         proptest::prop_assert!(b - a <= step + 1e-12);
     }
 
@@ -259,8 +279,10 @@ proptest::proptest! {
         share in 0.0f64..64.0,
         cap in 1u32..64,
         inflight in 0u32..400,
+        serving_rate in 0.0f64..1000.0,
+        latency_target in 0.001f64..1.0,
     ) {
-        let free = Output { base, effort, share, cap: None };
+        let free = Output { base, effort, share, cap: None, serving_rate, latency_target, at: None };
         let capped = Output { cap: NonZeroU32::new(cap), ..free };
         proptest::prop_assert!(capped.pressure(inflight) >= free.pressure(inflight));
     }
