@@ -51,12 +51,27 @@ pub const SETPOINT: f64 = 1.25;
 /// to keep four workers busy). Pressure still reads 0.5 at the target itself below capacity
 /// (`base`).
 pub const LATENCY_SETPOINT: f64 = 0.9;
-/// Confidence-weighted latency ratio at or under which a tick is calm. A replica that has not
-/// yet seen [`CALM_TICKS`] calm ticks in a row has not seen its upstream without a queue (a
-/// new pod joining a fleet that holds one, or a proxy started into an overload): what it
-/// learned at rest may be that queue, so its effort may start on latency alone, without the
-/// runaway-queue gate that keeps a slower deploy from shedding.
+/// Confidence-weighted latency ratio, smoothed over [`RATE_TAU`], at or under which a tick is
+/// calm. A replica that has not yet seen [`CALM_TICKS`] calm ticks in a row has not seen its
+/// upstream without a queue (a new pod joining a fleet that holds one, or a proxy started
+/// into an overload): what it learned at rest may be that queue, so its effort may start on
+/// latency alone, without the runaway-queue gate that keeps a slower deploy from shedding,
+/// and at full confidence its error is the latency error against [`COLD_SETPOINT`] (the
+/// queue it would read against that learned latency is its fleet's, which reads as none).
+/// Smoothed, because one replica of 16 sees a sample or two a
+/// tick, and 20 calm ticks in a row of the raw ratio at 0.8x (0.75 of the target, each tick
+/// a coin toss near 0.8) never came: with the latency error alone those replicas shed
+/// priority areas at 3x.
 pub const CALM: f64 = 0.8;
+/// Latency ratio a replica that has not yet seen its upstream calm holds on latency alone,
+/// at full confidence ([`FULL_CONFIDENCE_RATE`]): the target itself, above
+/// [`LATENCY_SETPOINT`], so that latency at the target without a queue still reads pressure
+/// 0.5 and a few slow samples stay noise. In the 2 -> 8 -> 3 count change at 3x
+/// (`tests/proxy/replicas.rs`) it took admitted p99 with 8 replicas from 85 to 55 ms and
+/// with 3 from 155 to 52 ms; at 1.15 the 8-replica phase went past twice the target, and at
+/// [`LATENCY_SETPOINT`] latency at the target without a queue read above 0.5 (the unit test
+/// `half_at_target_latency_without_a_queue`).
+pub const COLD_SETPOINT: f64 = 1.0;
 /// Consecutive calm ticks after which a replica has seen its upstream calm: one second.
 pub const CALM_TICKS: u32 = 20;
 /// Smallest learned share the proportional part divides by, requests. With many replicas in
@@ -324,6 +339,9 @@ pub struct Controller {
     last: Option<Instant>,
     last_sample: Option<Instant>,
     last_sample_seen: Option<Instant>,
+    /// `lc` smoothed over [`RATE_TAU`]: what the calm test reads. `None` until a tick has
+    /// samples (the first sets it).
+    calm_lc: Option<f64>,
     calm_ticks: u32,
     seen_calm: bool,
 }
@@ -378,6 +396,7 @@ impl Controller {
             last: None,
             last_sample: None,
             last_sample_seen: None,
+            calm_lc: None,
             calm_ticks: 0,
             seen_calm: false,
         }
@@ -503,7 +522,11 @@ impl Controller {
                 0.0
             }
         });
-        if lc <= CALM {
+        let calm_lc = self.calm_lc.map_or(lc, |c| c + alpha(RATE_TAU) * (lc - c));
+        if self.calm_lc.is_some() || tick_mean.is_some() {
+            self.calm_lc = Some(calm_lc);
+        }
+        if calm_lc <= CALM {
             self.calm_ticks = self.calm_ticks.saturating_add(1);
         } else {
             self.calm_ticks = 0;
@@ -513,6 +536,9 @@ impl Controller {
         let error = match (reference, unverified) {
             // Verified: the same in-flight reading, held at the setpoint's standing queue.
             (Some(_), Some(q)) => (q - SETPOINT).min(over),
+            // Not yet seen calm: what it learned at rest may be its fleet's queue, which
+            // reads as no queue; latency alone.
+            (None, Some(_)) if !self.seen_calm && confidence >= 1.0 => lc - COLD_SETPOINT,
             (None, Some(q)) => (q - 1.0).min(over),
             _ => over,
         }

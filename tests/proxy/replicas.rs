@@ -185,9 +185,9 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
 }
 
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99
-/// within twice the target with 2 replicas. With 8 (six cold replicas joined) p99 was 85 ms,
-/// with 3 after the scale-in 155 ms (the replicas' efforts had drifted apart): the issue's
-/// twice the target is not met there yet, so this holds 3 and 6 times.
+/// within twice the target in each (2 replicas 43 ms; 8, six cold ones joined, 55 ms; 3
+/// after the scale-in 52 ms). Before cold replicas held on latency alone
+/// (`shedgate::pressure::COLD_SETPOINT`) the last two were 85 and 155 ms.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
     // Scaled out from 2 to 8 at 9 s (six cold replicas join the overload), in to 3 at 14 s
@@ -210,13 +210,12 @@ async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
     let (s, cap) = run.go(&policy, &events).await;
     let text = summary(&s, cap);
     assert_invariants(&s, &text);
-    assert_held(&figures("2 replicas, 3x", &s, 7..9, cap), TARGET_MS, &text);
-    for (name, window, p99_targets) in [
-        ("8 replicas, 3x", 10..14, 3.0),
-        ("3 replicas, 3x", 15..20, 6.0),
+    for (name, window) in [
+        ("2 replicas, 3x", 7..9),
+        ("8 replicas, 3x", 10..14),
+        ("3 replicas, 3x", 15..20),
     ] {
-        let f = figures(name, &s, window, cap);
-        assert_within(&f, TARGET_MS, p99_targets, &text);
+        assert_held(&figures(name, &s, window, cap), TARGET_MS, &text);
     }
     assert!(recovery_seconds(&s, 20) <= 3, "{text}");
 }
