@@ -32,6 +32,7 @@
 //! another form), and a slow upstream under load is held at its real capacity. No
 //! concurrency number is an input ([`ControllerConfig::max_inflight`] is a safety cap).
 
+mod constants;
 mod controller;
 mod gauge;
 pub mod noload;
@@ -43,12 +44,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use controller::{
-    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, Controller, ControllerState, ENGAGED_EFFORT,
-    ERROR_CLAMP, FULL_CONFIDENCE_RATE, INTEGRAL_GAIN, InflightWindow, LATENCY_DECAY_TAU,
-    LATENCY_SETPOINT, LATENCY_TAU, LatencyWindow, MAX_EFFORT, MIN_SHARE, Output, PEAK_TAU,
-    PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
+pub use constants::{
+    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FULL_CONFIDENCE_RATE,
+    INTEGRAL_GAIN, LATENCY_DECAY_TAU, LATENCY_SETPOINT, LATENCY_TAU, MAX_EFFORT, MIN_SHARE,
+    PEAK_TAU, PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
 };
+pub use controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
 
 /// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its

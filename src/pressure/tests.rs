@@ -7,10 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::ControllerConfig;
-use super::controller::{
-    Controller, ERROR_CLAMP, INTEGRAL_GAIN, InflightWindow, LatencyWindow, Output,
-    PROPORTIONAL_GAIN, SETPOINT, TICK,
-};
+use super::constants::{ERROR_CLAMP, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK};
+use super::controller::{Controller, InflightWindow, LatencyWindow, Output};
 use super::gauge::{LATENCY_SUM_BITS, unpack};
 
 fn controller() -> Controller {
