@@ -323,6 +323,16 @@ fn summarise(
 }
 
 /// Seconds after the overload until a second where everything sent is delivered.
+/// A latency percentile in milliseconds for a table cell, `–` where nothing was admitted in
+/// time (the percentile of no samples is NaN).
+fn ms(v: f64) -> String {
+    if v.is_nan() {
+        "–".to_owned()
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 fn recovery(secs: &[Sec]) -> String {
     let end = (WARM + OVERLOAD) as usize;
     secs[end..end + AFTER as usize]
@@ -390,11 +400,11 @@ async fn replicas(n: usize, grown: bool, policies: &Path, evs: &[Ev]) {
             String::new(),
         );
         println!(
-            "| {n} | {}x | {:.1}% | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} |",
+            "| {n} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} |",
             r.factor,
             r.goodput * 100.0,
-            r.p50,
-            r.p99,
+            ms(r.p50),
+            ms(r.p99),
             r.never * 100.0,
             r.bands[0] * 100.0,
             r.bands[1] * 100.0,
@@ -530,8 +540,8 @@ fn main() {
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for r in &rows {
             println!(
-                "| {} | {}x | {:.1}% | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} | {} |",
-                r.name, r.factor, r.goodput * 100.0, r.p50, r.p99, r.never * 100.0,
+                "| {} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} | {} |",
+                r.name, r.factor, r.goodput * 100.0, ms(r.p50), ms(r.p99), r.never * 100.0,
                 r.bands[0] * 100.0, r.bands[1] * 100.0, r.bands[2] * 100.0, r.in_order, r.cv,
                 r.recover, r.calm
             );
