@@ -174,8 +174,9 @@ impl Output {
 /// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
 ///          — from rest only when in-flight is past the proportional part's rest reference
-///          (4.25 shares), in-flight has grown for longer than a step would explain (a queue
-///          filling), or the replica has not yet seen its upstream calm
+///          (4.25 shares) or the cap's (1.25 caps: the cap term sheds), in-flight has grown
+///          for longer than a step would explain (a queue filling), or the replica has not
+///          yet seen its upstream calm
 /// base   = min(1, max(lc, (q - 1) / (SETPOINT - 1), inflight / cap))
 /// ```
 ///
@@ -362,6 +363,12 @@ impl Controller {
         };
         let confidence = (self.slow_rate / full_rate).max(self.mean_u - 1.0).min(1.0);
         let lc = self.l / target * confidence;
+        // Past the cap term's reference the cap sheds: the loop is engaged even with no
+        // effort, so neither is this rest for the no-load learner nor may the effort wait.
+        let over_cap = self
+            .output
+            .per_cap(mean_inflight)
+            .is_some_and(|u| u > SETPOINT);
         self.noload.update(
             TickInput {
                 inflight,
@@ -370,6 +377,7 @@ impl Controller {
                 smoothed: self.l,
                 target,
                 effort: self.output.effort,
+                over_cap,
                 share: self.output.share,
             },
             dt,
@@ -428,8 +436,10 @@ impl Controller {
         let current_u = self
             .output
             .utilisation(f64::from(inflight).max(mean_inflight), 0.0);
-        let may_start =
-            !self.seen_calm || self.mean_u.max(current_u) > rest || self.noload.sustained_growth();
+        let may_start = !self.seen_calm
+            || over_cap
+            || self.mean_u.max(current_u) > rest
+            || self.noload.sustained_growth();
         let step = dt.min(2.0 * TICK.as_secs_f64());
         let effort = if effort > 0.0 || may_start || error < 0.0 {
             let gain = if error < 0.0 {

@@ -4,9 +4,9 @@
 //!
 //! Two ways to learn it (docs/pressure.md "Pressure controllers"):
 //!
-//! - **At rest** (no shedding effort), from ordinary traffic, like Netflix Gradient2's long
-//!   window: it follows the smoothed latency down at once, and up with [`LEARN_TAU`] while the
-//!   in-flight count is not growing. A queue that stands without growing (arrivals at
+//! - **At rest** (no shedding effort, and in-flight short of where a safety cap's term sheds),
+//!   from ordinary traffic, like Netflix Gradient2's long window: it follows the smoothed
+//!   latency down at once, and up with [`LEARN_TAU`] while the in-flight count is not growing. A queue that stands without growing (arrivals at
 //!   exactly the capacity) is learned too: at rest nothing tells it from a slower upstream
 //!   (README "Benchmarks", the 1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
@@ -105,6 +105,9 @@ pub struct TickInput {
     pub target: f64,
     /// The shedding effort before this tick.
     pub effort: f64,
+    /// Whether the mean in-flight is past the safety cap's reference (`SETPOINT` times
+    /// `--max-inflight`), where the cap term sheds even with no effort: not rest.
+    pub over_cap: bool,
     /// The learned concurrency share, requests (0: unknown).
     pub share: f64,
 }
@@ -159,7 +162,7 @@ impl NoLoad {
         } else {
             0
         };
-        let engaged = t.effort > 0.0;
+        let engaged = t.effort > 0.0 || t.over_cap;
         if engaged && t.share > 0.0 && t.utilisation < UNDER_USED {
             self.under_used = self.under_used.saturating_add(1);
             self.streak_latency += t.smoothed;
