@@ -322,7 +322,6 @@ fn summarise(
     }
 }
 
-/// Seconds after the overload until a second where everything sent is delivered.
 /// A latency percentile in milliseconds for a table cell, `–` where nothing was admitted in
 /// time (the percentile of no samples is NaN).
 fn ms(v: f64) -> String {
@@ -333,6 +332,7 @@ fn ms(v: f64) -> String {
     }
 }
 
+/// Seconds after the overload until a second where everything sent is delivered.
 fn recovery(secs: &[Sec]) -> String {
     let end = (WARM + OVERLOAD) as usize;
     secs[end..end + AFTER as usize]

@@ -90,19 +90,19 @@ pub const REST_MARGIN: f64 = 3.0;
 /// is no reason to shed, however many learned shares deep it is (docs/pressure.md "Pressure":
 /// a queue at good latency is not overload). The prediction is in-flight over the rate the
 /// upstream completes requests at; the part opens linearly up to [`GATE_OPEN`]. Without it, a
-/// replica that had seen only light traffic (a share of one request) shed 5% of a burst to
-/// 95% of a fast upstream whose p99 stayed at a third of the target
+/// replica that had seen only light traffic (a share of one request) shed 369 events (0.5%)
+/// of a burst to 95% of a fast upstream whose p99 stayed at a third of the target
 /// (`tests/proxy/scenarios.rs`, `a_burst_to_a_fast_upstream_sheds_nothing`).
 pub(super) const GATE_SHUT: f64 = 0.25;
 /// Predicted latency, as a share of the target, at and above which the share's proportional
 /// part acts in full: half the target, below the [`LATENCY_SETPOINT`] the integral holds in
 /// steady overload, so that in overload the loop is what it was without the gate.
 pub(super) const GATE_OPEN: f64 = 0.5;
-/// Shortest time over which [`Output::pressure_at`](super::Output::pressure_at) reads a rate from the samples since the
-/// last tick: a tenth of a tick, so that one answer just after a tick is not read as a fast
-/// upstream. In `a_burst_to_a_fast_upstream_sheds_nothing` the burst's first tick shed 18
-/// requests with them, 90 when they were read as a rate over two ticks (no clock read), 177
-/// without them, and 369 without the gate.
+/// Shortest time over which [`Output::pressure_at`](super::Output::pressure_at) reads a rate
+/// from the samples since the last tick: a tenth of a tick, so that one answer just after a
+/// tick is not read as a fast upstream. In `a_burst_to_a_fast_upstream_sheds_nothing` the
+/// burst's first tick shed 18 requests with them, 90 when they were read as a rate over two
+/// ticks (no clock read), 177 without them, and 369 without the gate.
 pub(super) const MIN_RATE_SPAN: Duration = Duration::from_millis(5);
 /// Proportional gain past the safety cap (`--max-inflight`), load index per cap's worth of
 /// in-flight over [`SETPOINT`] times the cap, with no rest margin: a cap is the operator's own

@@ -49,8 +49,11 @@ pub struct Output {
     pub share: f64,
     /// The safety cap (`--max-inflight`), if set.
     pub cap: Option<NonZeroU32>,
-    /// Requests per second the upstream completes for this replica at the last tick (0 while
-    /// none completes): with the in-flight count, the latency Little's law predicts.
+    /// Requests per second the upstream completes for this replica at the last tick: the
+    /// smoothed completion rate, or the tick's own if higher; while nothing is in flight and
+    /// nothing completes, the peak it last showed; decaying toward 0 while requests are in
+    /// flight and none completes (a hang). With the in-flight count, the latency Little's law
+    /// predicts.
     pub serving_rate: f64,
     /// The latency target, seconds.
     pub latency_target: f64,
@@ -170,7 +173,9 @@ impl Output {
 /// lc     = l / T * min(1, max(slow_rate / full, ū - 1))  confidence-weighted latency ratio
 /// qn     = n̄ / (rate * L0)                             in-flight over what completions hold
 /// e      = clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
-///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet
+///          clamp(lc - COLD_SETPOINT, ±ERROR_CLAMP)    not yet, not seen calm, full confidence
+///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet, otherwise
+/// calm   = lc smoothed over RATE_TAU <= CALM; seen calm after CALM_TICKS calm ticks in a row
 /// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
 ///          — from rest only when in-flight is past the proportional part's rest reference

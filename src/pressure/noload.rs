@@ -6,9 +6,10 @@
 //!
 //! - **At rest** (no shedding effort, and in-flight short of where a safety cap's term sheds),
 //!   from ordinary traffic, like Netflix Gradient2's long window: it follows the smoothed
-//!   latency down at once, and up with [`LEARN_TAU`] while the in-flight count is not growing. A queue that stands without growing (arrivals at
-//!   exactly the capacity) is learned too: at rest nothing tells it from a slower upstream
-//!   (README "Benchmarks", the 1x row). A growing in-flight count is a queue filling (admissions
+//!   latency down at once, and up with [`LEARN_TAU`] while the in-flight count is not
+//!   growing. A queue that stands without growing (arrivals at exactly the capacity) is
+//!   learned too: at rest nothing tells it from a slower upstream (README "Benchmarks", the
+//!   1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
 //!   as Little's law says the slower service holds, and the learning resumes.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
