@@ -5,8 +5,12 @@
 # `perf record -g` on shedgate meanwhile. Loopback only; bounded in time.
 #
 # Usage (from the project root, as root, after `cargo build --release`):
-#   scripts/profile.sh [--seconds N] [--never] [--out DIR]
+#   scripts/profile.sh [--seconds N] [--never] [--dwarf] [--out DIR]
 # --never profiles the `never` path (the stream classified never: streamed, unread).
+# --dwarf unwinds call stacks from DWARF debug info (299 samples a second, about 3.5 MB of
+# perf.data a second) instead of frame pointers, which the release build omits: the
+# frame-pointer stacks stop one or two frames up, so callers (who copies, who allocates)
+# show only with --dwarf.
 # Writes DIR/perf.data, DIR/report.txt (flat, top symbols) and, if inferno is installed
 # (`cargo install inferno`), DIR/flamegraph.svg. Needs: perf (`apt-get install linux-perf`),
 # wrk and nginx (`apt-get install wrk nginx-light`).
@@ -15,11 +19,13 @@ cd "$(dirname "$0")/.."
 
 SECONDS_=10
 NEVER=0
+CALLGRAPH=(-F 999 -g)
 OUT=${TMPDIR:-/tmp}/shedgate-profile
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) SECONDS_=$2; shift 2 ;;
     --never) NEVER=1; shift ;;
+    --dwarf) CALLGRAPH=(-F 299 --call-graph dwarf,16384); shift ;;
     --out) OUT=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -63,7 +69,7 @@ done
 
 # Warm up, then record while wrk runs.
 timeout 20 taskset -c 0 wrk -t2 -c64 -d3s -s "$BENCH/post.lua" http://127.0.0.1:18083/ingest >/dev/null
-perf record -F 999 -g -p "$SG" -o "$OUT/perf.data" -- sleep "$SECONDS_" 2>"$OUT/perf.log" &
+perf record "${CALLGRAPH[@]}" -p "$SG" -o "$OUT/perf.data" -- sleep "$SECONDS_" 2>"$OUT/perf.log" &
 PERF=$!
 timeout $((SECONDS_ + 10)) taskset -c 0 wrk -t2 -c64 -d"${SECONDS_}s" --latency -s "$BENCH/post.lua" \
   http://127.0.0.1:18083/ingest >"$OUT/wrk.txt"
