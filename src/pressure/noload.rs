@@ -104,11 +104,10 @@ pub struct TickInput {
     pub smoothed: f64,
     /// The latency target, seconds.
     pub target: f64,
-    /// The shedding effort before this tick.
-    pub effort: f64,
-    /// Whether the mean in-flight is past the safety cap's reference (`SETPOINT` times
-    /// `--max-inflight`), where the cap term sheds even with no effort: not rest.
-    pub over_cap: bool,
+    /// Whether the loop sheds: a shedding effort built before this tick, or the mean
+    /// in-flight past the safety cap's reference (`SETPOINT` times `--max-inflight`), where
+    /// the cap term sheds with no effort. Not rest either way.
+    pub engaged: bool,
     /// The learned concurrency share, requests (0: unknown).
     pub share: f64,
 }
@@ -163,8 +162,7 @@ impl NoLoad {
         } else {
             0
         };
-        let engaged = t.effort > 0.0 || t.over_cap;
-        if engaged && t.share > 0.0 && t.utilisation < UNDER_USED {
+        if t.engaged && t.share > 0.0 && t.utilisation < UNDER_USED {
             self.under_used = self.under_used.saturating_add(1);
             self.streak_latency += t.smoothed;
         } else {
@@ -190,7 +188,7 @@ impl NoLoad {
             return;
         };
         // Under load it moves only when the upstream is seen under-used (above).
-        if engaged {
+        if t.engaged {
             return;
         }
         if t.smoothed > 0.0 && t.smoothed < value {
