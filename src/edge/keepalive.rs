@@ -46,6 +46,8 @@ pub const PARK_AFTER: Duration = Duration::from_secs(1);
 pub struct Activity {
     /// Requests handed to the service.
     requests: AtomicU64,
+    /// Answers the service gave (their heads, in order; bodies may still be running).
+    responses: AtomicU64,
     /// Answers whose body has ended (or was dropped by hyper).
     answered: AtomicU64,
     /// When the last answer's body ended (or the connection was accepted): milliseconds
@@ -64,6 +66,7 @@ impl Activity {
     pub fn new() -> Self {
         Activity {
             requests: AtomicU64::new(0),
+            responses: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             last_done_ms: AtomicU64::new(0),
             since: Instant::now(),
@@ -80,6 +83,13 @@ impl Activity {
     /// A request reached the service.
     pub fn request(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The service gave an answer: returns its index, 0 for the connection's first. hyper
+    /// answers a connection's requests one at a time and in order, so the n-th answer is the
+    /// n-th request's.
+    pub fn response(&self) -> u64 {
+        self.responses.fetch_add(1, Ordering::Relaxed)
     }
 
     /// An answer's body ended.

@@ -361,7 +361,7 @@ const FORWARDING: [HeaderName; 14] = [
 ///   `Forwarded` name only this hop: its address, `http`.
 ///
 /// An IPv4 client on a `[::]` listener (`::ffff:a.b.c.d`) is named as IPv4. The elements that
-/// name the client are made once per connection ([`ClientInfo::new`]); a request with no
+/// name the client are made once per connection and resume ([`ClientInfo::new`]); a request with no
 /// earlier hops gets them without a copy (formatting them per request was about 1.8% of the
 /// proxy's CPU under the throughput harness, README "Benchmarks").
 pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trusted: bool) {
