@@ -15,7 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use std::pin::Pin;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::Service;
@@ -130,8 +130,11 @@ pub async fn serve<S, B>(
         stack,
         builder,
         idle_timeout: settings.idle_timeout,
+        header_read_timeout: settings.header_read_timeout,
         lame_duck: settings.lame_duck.clone(),
         metrics: settings.metrics.clone(),
+        draining: AtomicBool::new(false),
+        drain: Notify::new(),
     });
     let mut connections = JoinSet::new();
     loop {
@@ -141,7 +144,10 @@ pub async fn serve<S, B>(
                 log_panic(done);
                 continue;
             }
-            _ = shutdown.wait_for(|s| *s) => break,
+            _ = shutdown.wait_for(|s| *s) => {
+                shared.begin_drain();
+                break;
+            }
         };
         let (stream, peer) = match accepted {
             Ok(a) => a,
@@ -153,13 +159,7 @@ pub async fn serve<S, B>(
             }
         };
         let _ = stream.set_nodelay(true);
-        connections.spawn(connection(
-            stream,
-            peer,
-            Arc::clone(&shared),
-            &settings,
-            shutdown.clone(),
-        ));
+        connections.spawn(connection(stream, peer, Arc::clone(&shared), &settings));
     }
     drop(listener);
     reap(&mut connections);
@@ -199,31 +199,56 @@ struct Shared<S> {
     stack: S,
     builder: hyper::server::conn::http1::Builder,
     idle_timeout: Duration,
+    header_read_timeout: Duration,
     lame_duck: LameDuck,
     metrics: Option<Arc<Metrics>>,
+    /// Set when the drain begins, with `drain` notified: a [`Notified`](tokio::sync::futures::Notified) future is 64 bytes
+    /// of every connection's task where a `watch` receiver's `changed()` is 120 and its
+    /// `wait_for` 160.
+    draining: AtomicBool,
+    drain: Notify,
+}
+
+impl<S> Shared<S> {
+    /// The drain begins: every connection's [`Shared::drained`] resolves.
+    fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.drain.notify_waiters();
+    }
+
+    /// Resolves once the drain has begun. The `Notified` future is made before the flag
+    /// is read: it receives `notify_waiters` from then on, polled or not (tokio's
+    /// `Notify::notify_waiters`), so a drain that begins between the two is not missed.
+    async fn drained(&self) {
+        let notified = self.drain.notified();
+        if self.draining.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
 }
 
 /// One client connection, from accept to close: hyper's HTTP/1.1 connection over the framing
 /// guard and the lifecycle, parked after [`PARK_AFTER`] between requests (its buffers freed,
 /// see `edge::keepalive`) and resumed when the client sends again, closed at the idle
-/// timeout, and closed gracefully when `shutdown` turns true (idle: at once; in flight:
-/// after the answer).
+/// timeout, and closed gracefully when the listener's drain begins (idle: at once; in
+/// flight: after the answer).
 ///
 /// The returned future is the connection's task for as long as it lives, parked or not, so
-/// its size is memory per idle connection. It holds the socket with the guard's state, the
-/// client's address, one pointer to the listener's [`Shared`] and the parked wait: 592 bytes,
-/// a 768-byte task. The service (with the client's [`ClientInfo`]) and hyper's connection are
-/// built, boxed, on each resume. It held its own service stack, [`ClientInfo`] and
-/// `readable()`'s future before: 1,104 bytes, a 1,280-byte task, in the allocator's size
-/// class of hyper's boxed connection (1,088 bytes), whose pages parking left part used.
-/// 10,000 idle connections, settled (`scripts/idle-rss.py --hold 15`): 41.3–42.6 MiB before,
-/// 25.1–28.3 MiB after.
+/// its size is memory per idle connection. Parked, it holds the framing guard (the socket and
+/// the guard's counts), the client's address, one pointer to the listener's [`Shared`] and the
+/// parked wait: 376 bytes, a 512-byte task. The lifecycle ([`ClientIo`]), the service (with
+/// the client's [`ClientInfo`]) and hyper's connection are built, boxed, on each resume, and
+/// the lifecycle is never a local across an await (the task would keep room for it).
+/// Before: 1,104 bytes, a 1,280-byte task, in the allocator's size class of hyper's boxed
+/// connection (1,088 bytes), whose pages parking left part used. 10,000 idle connections,
+/// settled (`scripts/idle-rss.py --hold 15`): 41.3–42.6 MiB before, 25.1–26.3 MiB after
+/// (README "Benchmarks").
 fn connection<S, B>(
     stream: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared<S>>,
     settings: &Connections,
-    mut shutdown: watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
@@ -239,96 +264,98 @@ where
     let activity = Arc::new(Activity::new());
     // The framing guard reads each request head on the raw bytes, before hyper
     // normalises what a smuggling attempt would show (see `framing`).
-    let (io, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
-    let mut io = ClientIo::new(
-        io,
-        settings.header_read_timeout,
-        settings.metrics.clone(),
-        Arc::clone(&activity),
-    );
+    let (mut guard, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
     async move {
         let mut draining = false;
         let mut timer = std::pin::pin!(tokio::time::sleep(PARK_AFTER));
         loop {
-            let svc = service(&shared, peer, &verdicts, &activity);
-            let mut conn = Box::pin(
-                shared
-                    .builder
-                    .serve_connection(io, TowerToHyperService::new(svc)),
+            // Serving: hyper connections over one lifecycle until the connection is parked
+            // (its guard comes back) or ends. The lifecycle is never a local across an await:
+            // the task would keep room for it while parked.
+            let io = ClientIo::new(
+                guard,
+                shared.header_read_timeout,
+                shared.metrics.clone(),
+                Arc::clone(&activity),
             );
-            // From now, not from the last answer: a connection resumed from the park has bytes
-            // to read that hyper has not read yet.
-            timer.as_mut().reset(Instant::now() + PARK_AFTER);
-            let mut parking = false;
-            // A connection the framing guard cannot follow is never parked.
-            let mut unknown = false;
-            let ended = loop {
-                tokio::select! {
-                    ended = conn.as_mut() => break ended,
-                    () = timer.as_mut(), if !parking && !draining && !unknown => {
-                        let now = Instant::now();
-                        let idle_since = activity.idle_since();
-                        let progress = verdicts.progress();
-                        unknown = progress == Progress::Unknown;
-                        let between = activity.between_requests(progress);
-                        if between && now >= idle_since + PARK_AFTER {
-                            parking = true;
-                            activity.set_parking(true);
+            let mut conn = start(&shared, io, peer, &verdicts, &activity);
+            guard = loop {
+                // From now, not from the last answer: a connection resumed from the park has
+                // bytes to read that hyper has not read yet.
+                timer.as_mut().reset(Instant::now() + PARK_AFTER);
+                let mut parking = false;
+                // A connection the framing guard cannot follow is never parked.
+                let mut unknown = false;
+                let ended = loop {
+                    tokio::select! {
+                        ended = conn.as_mut() => break ended,
+                        () = timer.as_mut(), if !parking && !draining && !unknown => {
+                            let now = Instant::now();
+                            let idle_since = activity.idle_since();
+                            let progress = verdicts.progress();
+                            unknown = progress == Progress::Unknown;
+                            let between = activity.between_requests(progress);
+                            if between && now >= idle_since + PARK_AFTER {
+                                parking = true;
+                                activity.set_parking(true);
+                                conn.as_mut().graceful_shutdown();
+                            } else if between {
+                                timer.as_mut().reset(idle_since + PARK_AFTER);
+                            } else {
+                                timer.as_mut().reset(now + PARK_AFTER);
+                            }
+                        }
+                        () = shared.drained(), if !draining => {
+                            draining = true;
+                            parking = false;
+                            activity.set_parking(false);
                             conn.as_mut().graceful_shutdown();
-                        } else if between {
-                            timer.as_mut().reset(idle_since + PARK_AFTER);
-                        } else {
-                            timer.as_mut().reset(now + PARK_AFTER);
                         }
                     }
-                    _ = shutdown.wait_for(|s| *s), if !draining => {
-                        draining = true;
-                        parking = false;
-                        activity.set_parking(false);
-                        conn.as_mut().graceful_shutdown();
+                };
+                match ended {
+                    Err(e) if e.is_timeout() => {
+                        // hyper's head timer, which is the idle timeout here.
+                        if let Some(m) = &shared.metrics {
+                            m.connection_closed(CloseReason::IdleTimeout);
+                        }
+                        return;
                     }
+                    Err(e) => {
+                        tracing::debug!(error = %e, %peer, "client connection ended with an error");
+                        return;
+                    }
+                    Ok(()) if !parking => return,
+                    Ok(()) => {}
+                }
+                let hyper::server::conn::http1::Parts {
+                    io: mut back,
+                    read_buf,
+                    ..
+                } = Pin::into_inner(conn).into_parts();
+                activity.set_parking(false);
+                if !read_buf.is_empty() {
+                    back.unread(read_buf);
+                    conn = start(&shared, back, peer, &verdicts, &activity);
+                    continue;
+                }
+                // Even empty, it holds hyper's whole read buffer.
+                drop(read_buf);
+                match back.into_guard() {
+                    Ok(guard) => break guard,
+                    // Not between requests after all: served on.
+                    Err(back) => conn = start(&shared, back, peer, &verdicts, &activity),
                 }
             };
-            match ended {
-                Err(e) if e.is_timeout() => {
-                    // hyper's head timer, which is the idle timeout here.
-                    if let Some(m) = &shared.metrics {
-                        m.connection_closed(CloseReason::IdleTimeout);
-                    }
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, %peer, "client connection ended with an error");
-                    return;
-                }
-                Ok(()) if !parking => return,
-                Ok(()) => {}
-            }
-            let hyper::server::conn::http1::Parts {
-                io: back, read_buf, ..
-            } = Pin::into_inner(conn).into_parts();
-            io = back;
-            activity.set_parking(false);
-            if !read_buf.is_empty() {
-                io.unread(read_buf);
-                continue;
-            }
-            // Even empty, it holds hyper's whole read buffer.
-            drop(read_buf);
             // Parked: only the socket and the guard's state are held.
             verdicts.release();
-            io.release();
             timer
                 .as_mut()
                 .reset(activity.idle_since() + shared.idle_timeout);
             let _parked = shared.metrics.as_deref().map(Parked::new);
-            let socket = io.guard().get_ref().inner();
+            let socket = guard.get_ref().inner();
             // `poll_read_ready` rather than `readable()`, whose future is 152 bytes more of
-            // every parked task (nothing else reads the socket while it is parked), and
-            // `changed()` after a look rather than `wait_for`, 40 bytes more.
-            if *shutdown.borrow_and_update() {
-                return;
-            }
+            // every parked task (nothing else reads the socket while it is parked).
             tokio::select! {
                 ready = std::future::poll_fn(move |cx| socket.poll_read_ready(cx)) => {
                     if ready.is_err() {
@@ -341,11 +368,55 @@ where
                     }
                     return;
                 }
-                // Shutdown began, or its sender is gone (the process is ending).
-                _ = shutdown.changed() => return,
+                () = shared.drained() => return,
             }
         }
     }
+}
+
+/// A client connection's hyper connection serving `Svc`, boxed (freed when it is parked).
+type Started<Svc> = Pin<
+    Box<
+        hyper::server::conn::http1::Connection<
+            ClientIo<TokioIo<TcpStream>>,
+            TowerToHyperService<Svc>,
+        >,
+    >,
+>;
+
+/// hyper's HTTP/1.1 connection over `io`, serving [`service`].
+fn start<S, B>(
+    shared: &Shared<S>,
+    io: ClientIo<TokioIo<TcpStream>>,
+    peer: SocketAddr,
+    verdicts: &super::framing::Verdicts,
+    activity: &Arc<Activity>,
+) -> Started<
+    impl Service<
+        Request<Incoming>,
+        Response = Response<Answer<B>>,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static,
+>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let svc = service(shared, peer, verdicts, activity);
+    Box::pin(
+        shared
+            .builder
+            .serve_connection(io, TowerToHyperService::new(svc)),
+    )
 }
 
 /// The service one hyper connection of a client connection serves: the listener's stack with
