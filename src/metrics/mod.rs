@@ -303,10 +303,22 @@ impl Metrics {
         }
     }
 
-    /// Drains histogram samples into their buckets; call periodically (the exporter starts no
-    /// upkeep task of its own: metrics-rs issue 467).
+    /// Drains histogram samples into their buckets and frees the blocks they were held in;
+    /// call periodically (the exporter starts no upkeep task of its own: metrics-rs issue 467).
+    ///
+    /// The exporter holds a histogram's samples in 1 KiB blocks of 64 (metrics-util's
+    /// `AtomicBucket`), and draining them only defers the blocks' free to crossbeam-epoch's
+    /// collector (`AtomicBucket::clear_with`), which runs when some thread pins an epoch. An
+    /// idle proxy pins none, so a burst's blocks stayed allocated, one or two to a page among
+    /// the pages that parked connections had emptied: after 10,000 requests on 10,000 idle
+    /// connections, ~170 blocks held ~140 partly used 20 KiB slabs (jemalloc's statistics),
+    /// 2.8 MiB of resident memory. Three pins with a flush each advance the global epoch
+    /// past the deferred blocks and free them.
     pub fn run_upkeep(&self) {
         self.handle.run_upkeep();
+        for _ in 0..3 {
+            crossbeam_epoch::pin().flush();
+        }
     }
 
     /// Counts an error answered by the proxy.
