@@ -303,28 +303,58 @@ pub const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Removes hop-by-hop headers: the standard set and every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Bytes, not `to_str`: a non-UTF-8 value must not hide the tokens beside it.
-    // Tokens that name a header removed below anyway (`keep-alive`, `close`-free lists in
-    // practice) are skipped without making a `HeaderName` of them.
-    let nominated: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| {
-            !t.eq_ignore_ascii_case(b"keep-alive")
-                && !t.eq_ignore_ascii_case(b"close")
-                && !HOP_BY_HOP
-                    .iter()
-                    .any(|h| t.eq_ignore_ascii_case(h.as_str().as_bytes()))
-        })
-        .filter_map(|t| HeaderName::from_bytes(t).ok())
-        .collect();
-    for name in nominated {
-        headers.remove(name);
+    let present = present(headers, &HOP_BY_HOP);
+    if present == 0 {
+        return;
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    // `HOP_BY_HOP[0]` is `Connection`: the headers it names go too.
+    if present & 1 != 0 {
+        // Bytes, not `to_str`: a non-UTF-8 value must not hide the tokens beside it.
+        // Tokens that name a header removed below anyway (`keep-alive`, `close`-free lists in
+        // practice) are skipped without making a `HeaderName` of them.
+        let nominated: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|t| {
+                !t.eq_ignore_ascii_case(b"keep-alive")
+                    && !t.eq_ignore_ascii_case(b"close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| t.eq_ignore_ascii_case(h.as_str().as_bytes()))
+            })
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
+            .collect();
+        for name in nominated {
+            headers.remove(name);
+        }
+    }
+    remove(headers, &HOP_BY_HOP, present);
+}
+
+/// Which of `names` (at most 32) `headers` holds: bit `i` for `names[i]`. One pass over the
+/// request's or answer's few names, compared without hashing, instead of a hashed lookup per
+/// name: the proxy looks for 32 fixed names per request (hop-by-hop both ways, forwarding
+/// headers) and a request carries one or two of them. Callgrind, 4,000 POSTs of the
+/// harness's body (`oha -c 8`): 70,056 instructions per request with a `remove` per name.
+fn present(headers: &HeaderMap, names: &[HeaderName]) -> u32 {
+    debug_assert!(names.len() <= 32);
+    let mut found = 0u32;
+    for name in headers.keys() {
+        if let Some(i) = names.iter().position(|n| n == name) {
+            found |= 1 << i;
+        }
+    }
+    found
+}
+
+/// Removes the `names` whose bits are set in `present` (from [`present`]).
+fn remove(headers: &mut HeaderMap, names: &[HeaderName], present: u32) {
+    for (i, name) in names.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
@@ -333,6 +363,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// `X-Forwarded-Scheme`, IIS's `Front-End-Https`, CDNs' `True-Client-IP`): kept (and
 /// extended) only from trusted peers. Names built at compile time: removing them from an
 /// untrusted peer's request parses nothing per request.
+/// `FORWARDING[0..3]` are the three shedgate sets (`add_forwarding_headers`).
 const FORWARDING: [HeaderName; 14] = [
     HeaderName::from_static("forwarded"),
     HeaderName::from_static("x-forwarded-for"),
@@ -365,13 +396,14 @@ const FORWARDING: [HeaderName; 14] = [
 /// earlier hops gets them without a copy (formatting them per request was about 1.8% of the
 /// proxy's CPU under the throughput harness, README "Benchmarks").
 pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trusted: bool) {
+    let present = present(headers, &FORWARDING);
     if !trusted {
-        for name in &FORWARDING {
-            headers.remove(name);
-        }
+        remove(headers, &FORWARDING, present);
     }
-    let append = |headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue| {
-        if !headers.contains_key(&name) {
+    // Whether `FORWARDING[i]` is still there.
+    let kept = |i: usize| trusted && present & (1 << i) != 0;
+    let append = |headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue, kept: bool| {
+        if !kept {
             headers.insert(name, value.clone());
             return;
         }
@@ -388,14 +420,14 @@ pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trus
     };
     append(
         headers,
-        HeaderName::from_static("x-forwarded-for"),
+        FORWARDING[1].clone(),
         &client.forwarded_for,
+        kept(1),
     );
-    let proto = HeaderName::from_static("x-forwarded-proto");
-    if !headers.contains_key(&proto) {
-        headers.insert(proto, HeaderValue::from_static("http"));
+    if !kept(2) {
+        headers.insert(FORWARDING[2].clone(), HeaderValue::from_static("http"));
     }
-    append(headers, header::FORWARDED, &client.forwarded);
+    append(headers, header::FORWARDED, &client.forwarded, kept(0));
 }
 
 #[cfg(test)]
