@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# User-space instructions per request of shedgate and of nginx `proxy_pass`, counted by
+# valgrind's callgrind: unlike CPU time, the count repeats from run to run whatever else the
+# machine does (a VM's steal time made the harness's CPU figures vary threefold), so it
+# measures a hot-path change where seconds cannot. Kernel work (the loopback sockets) is
+# not counted: it is the same syscalls for both (README "Benchmarks").
+#
+# Both proxies run in front of the harness's fast upstream (nginx `return 204` on 18080),
+# one at a time under callgrind; oha sends the harness's 312-byte vehicle.position POST on 8
+# keep-alive connections: 1,000 to warm up, then the counters are zeroed and N more are
+# counted. Loopback only; bounded in count.
+#
+# Usage (from the project root, after `cargo build --release`):
+#   scripts/instructions.sh [--requests N] [--never] [--no-nginx]
+# --never counts the `never` path (the stream classified never: streamed, unread).
+# Needs valgrind, nginx (`apt-get install valgrind nginx-light`) and oha (`cargo install oha`).
+# Writes the callgrind profiles under $TMPDIR/shedgate-instructions (`callgrind_annotate`
+# reads them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N=4000
+NEVER=0
+NGINX=1
+OUT=${TMPDIR:-/tmp}/shedgate-instructions
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --requests) N=$2; shift 2 ;;
+    --never) NEVER=1; shift ;;
+    --no-nginx) NGINX=0; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+BENCH=../shared/bench
+for t in valgrind callgrind_control nginx oha curl; do
+  command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }
+done
+[ -x target/release/shedgate ] || { echo "build first: cargo build --release" >&2; exit 1; }
+rm -rf "$OUT"
+mkdir -p "$OUT/upstream/logs" "$OUT/upstream/tmp" "$OUT/proxy/logs" "$OUT/proxy/tmp"
+
+POL="$OUT/policies"
+cp -r policies "$POL"
+sed -i 's/stale_after = "[^"]*"/stale_after = "3650d"/' "$POL/streams.toml"
+if [ "$NEVER" = 1 ]; then
+  python3 - "$POL/streams.toml" <<'EOF'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+s = re.sub(r'(\[streams\."vehicle\.position"\][^\[]*?supersession = )"[^"]*"', r'\1"never"', s, flags=re.S)
+open(p, 'w').write(s)
+EOF
+fi
+BODY='{"device_id":"veh-0042","fleet_id":"fleet-berlin-07","lat":52.520008,"lon":13.404954,"occurred_at":"2026-11-29T12:00:00Z","speed_kmh":41.5,"heading_deg":187.0,"odometer_km":128734.2,"battery_pct":76,"ignition":true,"driver_id":"drv-1187","trip_id":"trip-20261129-0042-03","seq":981234,"source":"telematics-gw-3"}'
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+nginx -p "$OUT/upstream/" -e "$OUT/upstream/logs/error.log" -c "$(realpath $BENCH/conf/upstream-nginx.conf)" &
+pids+=($!)
+
+send() {
+  oha -n "$1" -c 8 --no-tui -m POST -H 'content-type: application/json' \
+    -H 'x-stream: vehicle.position' -d "$BODY" "http://127.0.0.1:$2/ingest" >"$OUT/oha-$2.txt"
+  grep -q 'Success rate:.*100' "$OUT/oha-$2.txt" || { echo "requests to $2 failed" >&2; exit 1; }
+}
+
+# count NAME PORT CMD...: runs CMD under callgrind, warms up, counts N requests.
+count() {
+  local name=$1 port=$2
+  shift 2
+  valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.callgrind" "$@" \
+    >"$OUT/$name.log" 2>&1 &
+  local vg=$!
+  pids+=($vg)
+  for _ in $(seq 300); do
+    curl -s -o /dev/null -X POST "http://127.0.0.1:$port/ingest" && break
+    sleep 0.2
+  done
+  # Nothing shed: the pressure is pinned at 0 (shedgate's admin API; nginx has none).
+  if [ "$name" = shedgate ]; then
+    curl -s -o /dev/null -X PUT -H 'content-type: application/json' -d '{"pin":0}' \
+      http://127.0.0.1:19083/pressure
+  fi
+  send 1000 "$port"
+  callgrind_control -z "$vg" >/dev/null 2>&1
+  send "$N" "$port"
+  callgrind_control -d "$vg" >/dev/null 2>&1
+  sleep 1
+  kill "$vg" 2>/dev/null || true
+  wait "$vg" 2>/dev/null || true
+  local f
+  f=$(ls -t "$OUT/$name.callgrind".* | head -1)
+  local ir
+  ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
+  echo "$name: $((ir / N)) instructions per request ($N requests; profile $f)"
+}
+
+count shedgate 18083 target/release/shedgate serve --listen 127.0.0.1:18083 \
+  --admin-listen 127.0.0.1:19083 --upstream http://127.0.0.1:18080 --policies "$POL" \
+  --max-inflight 4096
+if [ "$NGINX" = 1 ]; then
+  # The harness's proxy config on its own ports, one process (callgrind follows no fork).
+  sed 's/127\.0\.0\.1:18081/127.0.0.1:18181/; s/127\.0\.0\.1:18091/127.0.0.1:18191/; s/127\.0\.0\.1:18092/127.0.0.1:18192/; s/^daemon off;/daemon off;\nmaster_process off;/' \
+    "$BENCH/conf/proxy-nginx.conf" >"$OUT/proxy-nginx.conf"
+  count nginx 18181 nginx -p "$OUT/proxy/" -e "$OUT/proxy/logs/error.log" -c "$OUT/proxy-nginx.conf"
+fi
