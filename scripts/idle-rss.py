@@ -4,11 +4,11 @@
 Opens N client connections to a proxy on 127.0.0.1, sends one request on each (the shared
 harness's 312-byte vehicle.position POST) and reads its answer, then leaves every connection
 open and idle. Reports the RSS of the proxy's processes (the PIDs given and their children)
-before, with the N idle connections (after `--hold` seconds idle, default 5), and `--after`
-seconds (default 5) after they have all
-closed.
+before, with the N idle connections (after `--hold` seconds idle, default 15: the allocator
+returns the opening burst's pages over the first ten seconds or so, 28-30 MiB at 5 s settling
+to 23-24 MiB for shedgate), and `--after` seconds (default 5) after they have all closed.
 
-Usage: scripts/idle-rss.py --port 18083 --pid PID [--conns 10000] [--hold 5] [--after 5]
+Usage: scripts/idle-rss.py --port 18083 --pid PID [--conns 10000] [--hold 15] [--after 5]
 Loopback only; bounded in count (N) and time (a 120 s deadline per phase).
 """
 
@@ -74,7 +74,7 @@ async def main():
     ap.add_argument("--pid", type=int, action="append", required=True)
     ap.add_argument("--conns", type=int, default=10000)
     ap.add_argument("--after", type=float, default=5.0, help="seconds to wait after the close")
-    ap.add_argument("--hold", type=float, default=5.0, help="seconds idle before the RSS is read")
+    ap.add_argument("--hold", type=float, default=15.0, help="seconds idle before the RSS is read")
     a = ap.parse_args()
     req = request(a.port)
     before = rss_kib(a.pid)
