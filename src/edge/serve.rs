@@ -134,8 +134,10 @@ pub async fn serve<S, B>(
         lame_duck: settings.lame_duck.clone(),
         metrics: settings.metrics.clone(),
         draining: AtomicBool::new(false),
-        drain: Notify::new(),
+        drain: std::array::from_fn(|_| Notify::new()),
     });
+    // Connections accepted, modulo 256: each waits for the drain on its own count's shard.
+    let mut shard: u8 = 0;
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -159,7 +161,14 @@ pub async fn serve<S, B>(
             }
         };
         let _ = stream.set_nodelay(true);
-        connections.spawn(connection(stream, peer, Arc::clone(&shared), &settings));
+        shard = shard.wrapping_add(1);
+        connections.spawn(connection(
+            stream,
+            peer,
+            Arc::clone(&shared),
+            shard,
+            &settings,
+        ));
     }
     drop(listener);
     reap(&mut connections);
@@ -197,30 +206,46 @@ pub async fn serve<S, B>(
 struct Shared<S> {
     /// The proxy's service stack; each hyper connection serves a clone.
     stack: S,
+    /// hyper's HTTP/1.1 settings (timer, head limit, keep-alive), set once in [`serve`].
     builder: hyper::server::conn::http1::Builder,
+    /// `--idle-timeout`: how long a parked connection may wait for its next request.
     idle_timeout: Duration,
+    /// `--header-read-timeout`, for each resume's lifecycle ([`ClientIo::new`]).
     header_read_timeout: Duration,
+    /// The process's lame-duck flag (answers carry `Connection: close` once set).
     lame_duck: LameDuck,
+    /// Where closes and parked connections are counted (`None`: the admin listener).
     metrics: Option<Arc<Metrics>>,
-    /// Set when the drain begins, with `drain` notified: a [`Notified`](tokio::sync::futures::Notified) future is 64 bytes
-    /// of every connection's task where a `watch` receiver's `changed()` is 120 and its
-    /// `wait_for` 160.
+    /// Set when the drain begins, with every `drain` shard notified. A waiting
+    /// [`Notified`](tokio::sync::futures::Notified) future is 64 bytes of every connection's
+    /// task where a `watch` receiver's `changed()` is 120 and its `wait_for` 160.
     draining: AtomicBool,
-    drain: Notify,
+    /// One `Notify` per shard, each connection waiting on one (round-robin at accept): a
+    /// waiting `Notified` takes its `Notify`'s lock on every poll, and every wake of an
+    /// active connection polls it, so one lock for the whole listener would be shared by
+    /// every connection's task. tokio's `watch` shards its own the same way
+    /// (`sync/watch.rs`, `BigNotify`, 8 ways).
+    drain: [Notify; DRAIN_SHARDS],
 }
+
+/// How many ways the drain's `Notify` is sharded (tokio's `BigNotify` uses 8).
+const DRAIN_SHARDS: usize = 8;
 
 impl<S> Shared<S> {
     /// The drain begins: every connection's [`Shared::drained`] resolves.
     fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
-        self.drain.notify_waiters();
+        for shard in &self.drain {
+            shard.notify_waiters();
+        }
     }
 
-    /// Resolves once the drain has begun. The `Notified` future is made before the flag
-    /// is read: it receives `notify_waiters` from then on, polled or not (tokio's
+    /// Resolves once the drain has begun; `shard` is the connection's (any `u8`, taken
+    /// modulo `DRAIN_SHARDS`). The `Notified` future is made before the flag is read: it
+    /// receives `notify_waiters` from then on, polled or not (tokio's
     /// `Notify::notify_waiters`), so a drain that begins between the two is not missed.
-    async fn drained(&self) {
-        let notified = self.drain.notified();
+    async fn drained(&self, shard: u8) {
+        let notified = self.drain[usize::from(shard) % DRAIN_SHARDS].notified();
         if self.draining.load(Ordering::Acquire) {
             return;
         }
@@ -236,8 +261,9 @@ impl<S> Shared<S> {
 ///
 /// The returned future is the connection's task for as long as it lives, parked or not, so
 /// its size is memory per idle connection. Parked, it holds the framing guard (the socket and
-/// the guard's counts), the client's address, one pointer to the listener's [`Shared`] and the
-/// parked wait: 376 bytes, a 512-byte task. The lifecycle ([`ClientIo`]), the service (with
+/// the guard's counts), the client's address, pointers to the connection's counts
+/// ([`Activity`]) and verdicts and to the listener's [`Shared`], its timer (a tokio `Sleep`,
+/// 112 bytes) and the parked wait: 376 bytes, a 512-byte task. The lifecycle ([`ClientIo`]), the service (with
 /// the client's [`ClientInfo`]) and hyper's connection are built, boxed, on each resume, and
 /// the lifecycle is never a local across an await (the task would keep room for it).
 /// Before: 1,104 bytes, a 1,280-byte task, in the allocator's size class of hyper's boxed
@@ -248,6 +274,7 @@ fn connection<S, B>(
     stream: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared<S>>,
+    shard: u8,
     settings: &Connections,
 ) -> impl Future<Output = ()> + Send + 'static
 where
@@ -267,6 +294,7 @@ where
     let (mut guard, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
     async move {
         let mut draining = false;
+        let mut never_park = false;
         let mut timer = std::pin::pin!(tokio::time::sleep(PARK_AFTER));
         loop {
             // Serving: hyper connections over one lifecycle until the connection is parked
@@ -284,16 +312,15 @@ where
                 // bytes to read that hyper has not read yet.
                 timer.as_mut().reset(Instant::now() + PARK_AFTER);
                 let mut parking = false;
-                // A connection the framing guard cannot follow is never parked.
-                let mut unknown = false;
                 let ended = loop {
                     tokio::select! {
                         ended = conn.as_mut() => break ended,
-                        () = timer.as_mut(), if !parking && !draining && !unknown => {
+                        () = timer.as_mut(), if !parking && !draining && !never_park => {
                             let now = Instant::now();
                             let idle_since = activity.idle_since();
                             let progress = verdicts.progress();
-                            unknown = progress == Progress::Unknown;
+                            // A connection the framing guard cannot follow is never parked.
+                            never_park |= progress == Progress::Unknown;
                             let between = activity.between_requests(progress);
                             if between && now >= idle_since + PARK_AFTER {
                                 parking = true;
@@ -305,7 +332,7 @@ where
                                 timer.as_mut().reset(now + PARK_AFTER);
                             }
                         }
-                        () = shared.drained(), if !draining => {
+                        () = shared.drained(shard), if !draining => {
                             draining = true;
                             parking = false;
                             activity.set_parking(false);
@@ -343,8 +370,12 @@ where
                 drop(read_buf);
                 match back.into_guard() {
                     Ok(guard) => break guard,
-                    // Not between requests after all: served on.
-                    Err(back) => conn = start(&shared, back, peer, &verdicts, &activity),
+                    // Not between requests after all (not seen to happen): served on, and
+                    // never parked again, so that hyper's idle timer is not restarted.
+                    Err(back) => {
+                        never_park = true;
+                        conn = start(&shared, back, peer, &verdicts, &activity);
+                    }
                 }
             };
             // Parked: only the socket and the guard's state are held.
@@ -368,7 +399,7 @@ where
                     }
                     return;
                 }
-                () = shared.drained() => return,
+                () = shared.drained(shard) => return,
             }
         }
     }
