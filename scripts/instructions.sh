@@ -11,7 +11,9 @@
 # counted. Loopback only; bounded in count.
 #
 # Usage (from the project root, after `cargo build --release`):
-#   scripts/instructions.sh [--requests N] [--never] [--no-nginx]
+#   scripts/instructions.sh [--requests N] [--never] [--no-nginx] [--bin PATH]
+# --bin counts another shedgate binary (a build to compare with; default
+# target/release/shedgate).
 # --never counts the `never` path (the stream classified never: streamed, unread).
 # Needs valgrind, nginx (`apt-get install valgrind nginx-light`) and oha (`cargo install oha`).
 # Writes the callgrind profiles under $TMPDIR/shedgate-instructions (`callgrind_annotate`
@@ -22,12 +24,14 @@ cd "$(dirname "$0")/.."
 N=4000
 NEVER=0
 NGINX=1
+BIN=target/release/shedgate
 OUT=${TMPDIR:-/tmp}/shedgate-instructions
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) N=$2; shift 2 ;;
     --never) NEVER=1; shift ;;
     --no-nginx) NGINX=0; shift ;;
+    --bin) BIN=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +39,14 @@ BENCH=../shared/bench
 for t in valgrind callgrind_control nginx oha curl; do
   command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }
 done
-[ -x target/release/shedgate ] || { echo "build first: cargo build --release" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+# Requests to another server on these ports would be counted as nothing: refuse to start.
+for port in 18080 18083 19083 18181; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port is in use: stop what listens there first" >&2
+    exit 1
+  fi
+done
 rm -rf "$OUT"
 mkdir -p "$OUT/upstream/logs" "$OUT/upstream/tmp" "$OUT/proxy/logs" "$OUT/proxy/tmp"
 
@@ -97,7 +108,7 @@ count() {
   echo "$name: $((ir / N)) instructions per request ($N requests; profile $f)"
 }
 
-count shedgate 18083 target/release/shedgate serve --listen 127.0.0.1:18083 \
+count shedgate 18083 "$BIN" serve --listen 127.0.0.1:18083 \
   --admin-listen 127.0.0.1:19083 --upstream http://127.0.0.1:18080 --policies "$POL" \
   --max-inflight 4096
 if [ "$NGINX" = 1 ]; then

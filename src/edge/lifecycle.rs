@@ -53,7 +53,7 @@ pub struct ClientIo<IO> {
     header_read_timeout: Duration,
     /// Armed while a head is part-way, and while lingering; reused across heads. Made on
     /// first use (most heads arrive in one read and never arm it) and dropped when the
-    /// connection is parked ([`ClientIo::release`]).
+    /// connection is parked (with the lifecycle: [`ClientIo::into_guard`]).
     timer: Option<Pin<Box<Sleep>>>,
     /// The head the timer is armed for: how many requests had been received whole when it
     /// started (`None`: no head part-way).
