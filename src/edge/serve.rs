@@ -415,7 +415,9 @@ type Started<Svc> = Pin<
     >,
 >;
 
-/// hyper's HTTP/1.1 connection over `io`, serving [`service`].
+/// hyper's HTTP/1.1 connection over `io`, serving the listener's stack with the request hook
+/// (the client's [`ClientInfo`], made here once per hyper connection, and the framing
+/// guard's verdict, in extensions) and the answer hook ([`close_when`]).
 fn start<S, B>(
     shared: &Shared<S>,
     io: ClientIo<TokioIo<TcpStream>>,
@@ -442,38 +444,6 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let svc = service(shared, peer, verdicts, activity);
-    Box::pin(
-        shared
-            .builder
-            .serve_connection(io, TowerToHyperService::new(svc)),
-    )
-}
-
-/// The service one hyper connection of a client connection serves: the listener's stack with
-/// the request hook (the client's [`ClientInfo`], made here once per hyper connection, and
-/// the framing guard's verdict, in extensions) and the answer hook ([`close_when`]).
-fn service<S, B>(
-    shared: &Shared<S>,
-    peer: SocketAddr,
-    verdicts: &super::framing::Verdicts,
-    activity: &Arc<Activity>,
-) -> impl Service<
-    Request<Incoming>,
-    Response = Response<Answer<B>>,
-    Error = std::convert::Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    B: 'static,
-{
     let svc = tower::util::MapRequest::new(shared.stack.clone(), {
         let verdicts = verdicts.clone();
         let activity = Arc::clone(activity);
@@ -493,7 +463,7 @@ where
             req
         }
     });
-    tower::util::MapResponse::new(
+    let svc = tower::util::MapResponse::new(
         svc,
         close_when(
             verdicts.clone(),
@@ -501,6 +471,11 @@ where
             shared.metrics.clone(),
             Arc::clone(activity),
         ),
+    );
+    Box::pin(
+        shared
+            .builder
+            .serve_connection(io, TowerToHyperService::new(svc)),
     )
 }
 
