@@ -51,17 +51,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT/upstream/logs" "$OUT/upstream/tmp" "$OUT/proxy/logs" "$OUT/proxy/tmp"
 
 POL="$OUT/policies"
-cp -r policies "$POL"
-sed -i 's/stale_after = "[^"]*"/stale_after = "3650d"/' "$POL/streams.toml"
-if [ "$NEVER" = 1 ]; then
-  python3 - "$POL/streams.toml" <<'EOF'
-import re, sys
-p = sys.argv[1]
-s = open(p).read()
-s = re.sub(r'(\[streams\."vehicle\.position"\][^\[]*?supersession = )"[^"]*"', r'\1"never"', s, flags=re.S)
-open(p, 'w').write(s)
-EOF
-fi
+scripts/bench-policies.sh "$POL" $([ "$NEVER" = 1 ] && echo --never)
 BODY='{"device_id":"veh-0042","fleet_id":"fleet-berlin-07","lat":52.520008,"lon":13.404954,"occurred_at":"2026-11-29T12:00:00Z","speed_kmh":41.5,"heading_deg":187.0,"odometer_km":128734.2,"battery_pct":76,"ignition":true,"driver_id":"drv-1187","trip_id":"trip-20261129-0042-03","seq":981234,"source":"telematics-gw-3"}'
 
 pids=()

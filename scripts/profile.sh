@@ -40,17 +40,7 @@ mkdir -p "$OUT/nginx/logs" "$OUT/nginx/tmp"
 # The policy of policies/ with a stale_after that admits the body's fixed time; with --never
 # the body's stream is classified never.
 POL="$OUT/policies"
-rm -rf "$POL"; cp -r policies "$POL"
-sed -i 's/stale_after = "[^"]*"/stale_after = "3650d"/' "$POL/streams.toml"
-if [ "$NEVER" = 1 ]; then
-  python3 - "$POL/streams.toml" <<'EOF'
-import re, sys
-p = sys.argv[1]
-s = open(p).read()
-s = re.sub(r'(\[streams\."vehicle\.position"\][^\[]*?supersession = )"[^"]*"', r'\1"never"', s, flags=re.S)
-open(p, 'w').write(s)
-EOF
-fi
+scripts/bench-policies.sh "$POL" $([ "$NEVER" = 1 ] && echo --never)
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
