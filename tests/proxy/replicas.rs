@@ -317,8 +317,8 @@ async fn the_upstream_halving_mid_run_is_held_full() {
 /// The shared loopback harness (`--max-inflight 8 --latency-target 25ms` in front of 8 workers
 /// x 20 ms): one Berlin vehicle position (rank 5) per request, `factor` times capacity from a
 /// cold start for 20 s. Admitted p99 over the whole run, onset included, at most twice the
-/// target (`p99_targets` where that is not met yet).
-async fn harness_all_rank_5(factor: f64, p99_targets: f64) {
+/// target.
+async fn harness_all_rank_5(factor: f64) {
     let policy = policy();
     let stream = policy.stream("vehicle.position");
     let (lat, lon) = (52.520008, 13.404954);
@@ -344,17 +344,17 @@ async fn harness_all_rank_5(factor: f64, p99_targets: f64) {
         0..20,
         capacity,
     );
-    assert_within(&f, HARNESS_TARGET_MS, p99_targets, &text);
+    assert_held(&f, HARNESS_TARGET_MS, &text);
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_harness_all_rank_5_traffic_at_3x_keeps_p99_within_twice_the_target() {
-    harness_all_rank_5(3.0, 2.0).await;
+    harness_all_rank_5(3.0).await;
 }
 
-/// At 10x the whole-run p99 was 57 ms (the previous controller: 121 ms): the twice
-/// the target (50 ms) is not met yet, so this holds 2.5 times.
+/// At 10x the whole-run p99 is 40 ms; it was 57 ms with the cap's gain at 4
+/// (`shedgate::pressure::CAP_GAIN`), and 121 ms with the previous controller.
 #[tokio::test(start_paused = true)]
-async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_two_and_a_half_targets() {
-    harness_all_rank_5(10.0, 2.5).await;
+async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target() {
+    harness_all_rank_5(10.0).await;
 }
