@@ -94,11 +94,6 @@ impl<IO> ClientIo<IO> {
         }
     }
 
-    /// The guarded connection.
-    pub fn guard(&self) -> &FramingGuard<IO> {
-        &self.io
-    }
-
     /// Bytes hyper had read but not used when the connection was taken back from it: they
     /// are read again first (the framing guard has seen them already).
     pub fn unread(&mut self, bytes: bytes::Bytes) {
