@@ -319,6 +319,13 @@ async fn the_upstream_halving_mid_run_is_held_full() {
 /// cold start for 20 s. Admitted p99 over the whole run, onset included, at most twice the
 /// target.
 async fn harness_all_rank_5(factor: f64) {
+    let (f, text) = harness_all_rank_5_with(factor, 20).await;
+    assert_held(&f, HARNESS_TARGET_MS, &text);
+}
+
+/// [`harness_all_rank_5`]'s run with the upstream's service time fixed at `service_ms`: its
+/// invariants asserted, its whole-run figures and the per-second summary returned.
+async fn harness_all_rank_5_with(factor: f64, service_ms: u64) -> (Figures, String) {
     let policy = policy();
     let stream = policy.stream("vehicle.position");
     let (lat, lon) = (52.520008, 13.404954);
@@ -332,19 +339,19 @@ async fn harness_all_rank_5(factor: f64) {
         rank,
     }];
     let mut run = Run::new(&[(20, factor)], Replicas::one(), 35);
-    run.service = ServiceTime::Fixed(Duration::from_millis(20));
+    run.service = ServiceTime::Fixed(Duration::from_millis(service_ms));
     run.target = Duration::from_millis(HARNESS_TARGET_MS);
     run.cap = Some(8);
     let (s, capacity) = run.go(&policy, &events).await;
     let text = summary(&s, capacity);
     assert_invariants(&s, &text);
     let f = figures(
-        &format!("all rank 5, {factor}x, whole run"),
+        &format!("all rank 5, {factor}x, {service_ms} ms service, whole run"),
         &s,
         0..20,
         capacity,
     );
-    assert_held(&f, HARNESS_TARGET_MS, &text);
+    (f, text)
 }
 
 #[tokio::test(start_paused = true)]
@@ -357,4 +364,23 @@ async fn the_harness_all_rank_5_traffic_at_3x_keeps_p99_within_twice_the_target(
 #[tokio::test(start_paused = true)]
 async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target() {
     harness_all_rank_5(10.0).await;
+}
+
+/// Known bug, reproduced here (README "Sizing"): a replica that has not yet seen its upstream
+/// calm holds latency at the target on latency alone (`shedgate::pressure::COLD_SETPOINT`),
+/// so when the upstream's own latency without a queue is at or just over the target (27 ms
+/// of service against 25), shedding cannot bring latency under it, the effort winds up and the
+/// replica sheds nearly everything (goodput 13% at 10x, 17% at 3x). The re-measure under load
+/// that would end it waits for latency over 1.15 times the target
+/// (`shedgate::pressure::noload::OVER_TARGET`); at the target itself, or with a lower
+/// setpoint, the replica-count change in `the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full`
+/// goes past twice the target. On the shared harness a proxy sharing a saturated core with
+/// the upstream measures 20 ms of service as about 25 and collapsed this way in 2 of 13 runs.
+#[tokio::test(start_paused = true)]
+#[ignore = "known bug: a cold replica in front of an upstream at its latency target sheds nearly everything (README \"Sizing\")"]
+async fn a_cold_replica_in_front_of_an_upstream_at_its_target_keeps_it_full() {
+    for factor in [3.0, 10.0] {
+        let (f, text) = harness_all_rank_5_with(factor, 27).await;
+        assert!(f.goodput >= 0.95, "goodput: {f}\n{text}");
+    }
 }
