@@ -31,6 +31,40 @@ POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhell
 GET /c HTTP/1.1\r\nHost: x\r\n\r\n\
 POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
 
+/// Several `Transfer-Encoding` lines are refused whatever their values; with several
+/// `Content-Length` lines the first frames the body (hyper refuses differing ones itself), and
+/// the last `Transfer-Encoding` value's final coding frames a chunked body.
+#[test]
+fn several_framing_lines_are_read_as_hyper_frames_them() {
+    let two_te = b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    assert_eq!(
+        verdicts(two_te, usize::MAX),
+        vec![Some(
+            "more than one Transfer-Encoding header line".to_owned()
+        )]
+    );
+    let two_cl =
+        b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\nhello\
+GET /b HTTP/1.1\r\nHost: x\r\n\r\n";
+    for split in [1, 7, usize::MAX] {
+        assert_eq!(verdicts(two_cl, split), vec![None, None], "split {split}");
+    }
+    let list = b"POST /a HTTP/1.1\r\nHost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n\
+GET /b HTTP/1.1\r\nHost: x\r\n\r\n";
+    let v = verdicts(list, usize::MAX);
+    assert_eq!(
+        v.len(),
+        2,
+        "the chunked body was followed to the next head: {v:?}"
+    );
+    assert!(
+        v[0].as_deref()
+            .is_some_and(|why| why.contains("gzip, chunked")),
+        "{v:?}"
+    );
+    assert_eq!(v[1], None);
+}
+
 #[test]
 fn header_lines_over_the_limit_are_flagged() {
     let long = format!(
