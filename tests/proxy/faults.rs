@@ -331,10 +331,17 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
         Arc::new((0..requests).map(|_| AtomicBool::new(false)).collect());
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
+    // Whether shedgate and the upstream have each been restarted once. From half-way the
+    // senders wait for both: the faults are timed (every 2 s and every second), and a fast
+    // machine or a release build sent the CI size's 20,000 requests in 1.4 s, before either,
+    // so the run checked nothing of them.
+    let restarted: Arc<[AtomicBool; 2]> =
+        Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
 
     let mut senders = JoinSet::new();
     for _ in 0..workers {
         let (acked, next) = (Arc::clone(&acked), Arc::clone(&next));
+        let restarted = Arc::clone(&restarted);
         senders.spawn(async move {
             let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
@@ -344,6 +351,9 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
                 let id = next.fetch_add(1, Ordering::Relaxed);
                 if id >= requests {
                     return;
+                }
+                while id >= requests / 2 && !restarted.iter().all(|r| r.load(Ordering::SeqCst)) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 let body = format!(
                     "{{\"id\":{id},\"lat\":52.52,\"lon\":13.40,\"fence\":\"f-{}\"}}",
@@ -373,6 +383,7 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
     // and restarted every 2 s; the upstream is killed for 200 ms every second below.
     let faults = {
         let (proxy, done) = (Arc::clone(&proxy), Arc::clone(&done));
+        let restarted = Arc::clone(&restarted);
         let upstream_addr = upstream.addr;
         let dir = policies.path().to_owned();
         tokio::spawn(async move {
@@ -400,6 +411,7 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
                     let next = start_proxy(proxy_addr, upstream_addr, &dir).await;
                     *proxy.lock().await = Some(next);
                     report.proxy_restarts += 1;
+                    restarted[0].store(true, Ordering::SeqCst);
                 }
             }
             report
@@ -416,6 +428,7 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
                 if last_restart.elapsed() >= Duration::from_secs(1) {
                     upstream.restart(Duration::from_millis(200)).await;
                     restarts += 1;
+                    restarted[1].store(true, Ordering::SeqCst);
                     last_restart = tokio::time::Instant::now();
                 }
             }
