@@ -383,6 +383,7 @@ impl Controller {
                 target,
                 engaged: self.output.effort > 0.0 || over_cap,
                 share: self.output.share,
+                cold: !self.seen_calm,
             },
             dt,
         );

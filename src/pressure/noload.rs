@@ -19,7 +19,9 @@
 //!   pinned it. Envoy starts its windows on a jittered timer, one host at a time; a replica
 //!   that drained alone would measure the queue its fleet keeps and call it no-load latency.
 //!   An over-shedding loop is over-shedding on every replica (they read the same latency), so
-//!   the fleet measures together without talking to each other.
+//!   the fleet measures together without talking to each other. The latency must be over
+//!   [`OVER_TARGET`] times the target, or, for a replica that has not yet seen its upstream
+//!   calm, at least [`COLD_AT_TARGET`] times it for [`COLD_UNDER_USED_TICKS`].
 //!
 //! Only the second way verifies the reference: a replica that starts while its fleet holds a
 //! queue learns that queue at rest. Until then its loop reads the queue as in-flight over what
@@ -54,6 +56,26 @@ pub const UNDER_USED_TICKS: u32 = 20;
 /// replica at the target is one whose share of arrivals fell (more replicas, an upstream
 /// that shrank), not one facing an upstream slower than the target allows.
 pub const OVER_TARGET: f64 = 1.15;
+
+/// Ticks of [`UNDER_USED`] shedding after which a replica that has not yet seen its upstream
+/// calm takes its latency as the no-load latency when that is at least [`COLD_AT_TARGET`]
+/// times the target (not over [`OVER_TARGET`]): three seconds. Such a replica steers on
+/// latency alone and holds it at the target (`COLD_SETPOINT`), so when the upstream's own
+/// latency is at the target, shedding cannot lower it and the effort winds up until nearly
+/// everything is shed. In the simulator (cap 8, target 25 ms, cold start into 3x and 10x) a
+/// 27 ms upstream got 14–17% of its capacity without this and 84–87% with it, a 29 ms one at
+/// 10x 11% and 86%. Longer than [`UNDER_USED_TICKS`] because a replica that joined a fleet
+/// holding a queue looks the same for a moment: re-measured at once (the target instead of
+/// 1.15 times it, after one second), the replica-count change 2 -> 8 -> 3 at 3x
+/// (`tests/proxy/replicas.rs`) held p99 87 ms with 8 replicas, against a 60 ms bound; after
+/// two seconds, 62 ms; after three, 55 ms, as without it. The known case it does not reach: an
+/// upstream exactly at the target keeps more than half its share busy and is never under-used
+/// (README "Sizing").
+pub const COLD_UNDER_USED_TICKS: u32 = 60;
+/// Mean latency over the target, across [`COLD_UNDER_USED_TICKS`], from which a replica that
+/// has not seen its upstream calm takes it as the no-load latency: just under the target that
+/// such a replica holds, so that one held there by an upstream that slow qualifies.
+pub const COLD_AT_TARGET: f64 = 0.95;
 
 /// The no-load latency learner.
 #[derive(Debug, Clone)]
@@ -110,6 +132,8 @@ pub struct TickInput {
     pub engaged: bool,
     /// The learned concurrency share, requests (0: unknown).
     pub share: f64,
+    /// Whether the replica has not yet seen its upstream calm (it steers on latency alone).
+    pub cold: bool,
 }
 
 impl NoLoad {
@@ -169,9 +193,13 @@ impl NoLoad {
             self.under_used = 0;
             self.streak_latency = 0.0;
         }
+        let streak_mean = self.streak_latency / f64::from(self.under_used.max(1));
         let over_target =
-            self.streak_latency / f64::from(self.under_used.max(1)) > OVER_TARGET * t.target;
-        if self.under_used >= UNDER_USED_TICKS && over_target && t.smoothed > 0.0 {
+            self.under_used >= UNDER_USED_TICKS && streak_mean > OVER_TARGET * t.target;
+        let cold_at_target = t.cold
+            && self.under_used >= COLD_UNDER_USED_TICKS
+            && streak_mean > COLD_AT_TARGET * t.target;
+        if (over_target || cold_at_target) && t.smoothed > 0.0 {
             self.value = Some(t.smoothed);
             self.verified = true;
             self.relearned = true;
