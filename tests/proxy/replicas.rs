@@ -373,30 +373,18 @@ async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target
 /// three seconds under-used at the target (`shedgate::pressure::noload::COLD_UNDER_USED_TICKS`)
 /// the replica shed nearly everything: goodput 17% and 13% at 3x and 10x with 27 ms, 11% at
 /// 10x with 29 ms. Now 86.5%, 83.7%, 95.2% and 85.5%, the recovered runs oscillating (CV of
-/// admitted/s about 0.3): this holds them as a bound that must not get worse. On the shared
-/// harness a proxy sharing a saturated core with the upstream measured 20 ms of service as
-/// about 25 and collapsed this way in 2 of 17 runs (README "Benchmarks").
+/// admitted/s about 0.3): this holds them as a bound that must not get worse; the issue's
+/// 95% is not met, nor at all with 25 ms of service against 25 (60–65%: the replica keeps more
+/// than half its share busy, so it is never under-used, and latency at the target is its
+/// equilibrium at any shed share; README "Sizing"). On the shared harness a proxy sharing a
+/// saturated core with the upstream measured 20 ms of service as about 25 and collapsed this
+/// way in 2 of 17 runs (README "Benchmarks").
 #[tokio::test(start_paused = true)]
 async fn a_cold_replica_in_front_of_an_upstream_at_its_target_recovers_most_of_it() {
     for service_ms in [27, 29] {
         for factor in [3.0, 10.0] {
             let (f, text) = harness_all_rank_5_with(factor, service_ms).await;
             assert!(f.goodput >= 0.75, "goodput: {f}\n{text}");
-        }
-    }
-}
-
-/// Known bug (README "Sizing"): the range, at least 95% of the upstream used, is not
-/// met in front of an upstream at or just over the target (above), nor at all with 25 ms of
-/// service against 25 (60–65%: the replica keeps more than half its share busy, so it is never
-/// under-used, and latency at the target is its equilibrium at any shed share).
-#[tokio::test(start_paused = true)]
-#[ignore = "known bug: a cold replica in front of an upstream at its latency target sheds too much (README \"Sizing\")"]
-async fn a_cold_replica_in_front_of_an_upstream_at_its_target_keeps_it_full() {
-    for service_ms in [25, 27] {
-        for factor in [3.0, 10.0] {
-            let (f, text) = harness_all_rank_5_with(factor, service_ms).await;
-            assert!(f.goodput >= 0.95, "goodput: {f}\n{text}");
         }
     }
 }
