@@ -25,7 +25,8 @@
 //! - [`pressure`]: the [`pressure::Pressure`] value (0..1) and the proportional-integral
 //!   controller turning upstream latency, in-flight count and completions into it (the
 //!   integral at each tick, the proportional part at each decision), with the no-load
-//!   latency it learns (`pressure::noload`); no concurrency number is an input.
+//!   latency it learns (`pressure::noload`, and `pressure::probe` for a replica that has
+//!   not seen its upstream calm); no concurrency number is an input.
 //! - [`extract`]: reading facts from bodies — JSON pointers, the walk, format presets, event
 //!   times. Knows nothing of policies.
 //! - [`policy`]: the policy model (streams, classes, routes, areas, the shed curve with

@@ -15,6 +15,7 @@ use super::constants::{
     SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
 };
 use super::noload::{NoLoad, TickInput};
+use super::probe::{self, Action, ColdProbe, ProbeInput};
 
 /// Latency samples gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -178,6 +179,7 @@ impl Output {
 /// calm   = lc smoothed over RATE_TAU <= CALM; seen calm after CALM_TICKS calm ticks in a row
 /// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
+///          held while the cold probe runs (super::probe), lowered by its step as it starts
 ///          — from rest only when in-flight is past the proportional part's rest reference
 ///          (4.25 shares) or the cap's (1.25 caps: the cap term sheds), in-flight has grown
 ///          for longer than a step would explain (a queue filling), or the replica has not
@@ -219,6 +221,7 @@ pub struct Controller {
     calm_lc: Option<f64>,
     calm_ticks: u32,
     seen_calm: bool,
+    probe: ColdProbe,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -274,6 +277,7 @@ impl Controller {
             calm_lc: None,
             calm_ticks: 0,
             seen_calm: false,
+            probe: ColdProbe::default(),
         }
     }
 
@@ -414,6 +418,21 @@ impl Controller {
             self.calm_ticks = 0;
         }
         self.seen_calm |= self.calm_ticks >= CALM_TICKS;
+        // A cold replica settled on latency alone at the target finds out whether that
+        // latency is a queue or the upstream's own by admitting a little more (`probe`).
+        let action = self.probe.update(ProbeInput {
+            eligible: !self.seen_calm
+                && reference.is_none()
+                && confidence >= 1.0
+                && self.output.effort > 0.0,
+            latency_ratio: lc,
+            inflight: mean_inflight,
+            offered: observed.count as f64 / dt,
+        });
+        if let Action::Verified(ratio) = action {
+            self.noload.verify(ratio * target);
+        }
+        let reference = self.noload.reference();
         let over = lc - LATENCY_SETPOINT;
         let error = match (reference, unverified) {
             // Verified: the same in-flight reading, held at the setpoint's standing queue.
@@ -446,7 +465,11 @@ impl Controller {
             || self.mean_u.max(current_u) > rest
             || self.noload.sustained_growth();
         let step = dt.min(2.0 * TICK.as_secs_f64());
-        let effort = if effort > 0.0 || may_start || error < 0.0 {
+        let effort = if action == Action::Start {
+            (effort - probe::STEP).max(0.0)
+        } else if action == Action::Hold {
+            effort
+        } else if effort > 0.0 || may_start || error < 0.0 {
             let gain = if error < 0.0 {
                 UNWIND_GAIN
             } else {

@@ -36,6 +36,7 @@ mod constants;
 mod controller;
 mod gauge;
 pub mod noload;
+pub mod probe;
 #[cfg(test)]
 mod tests;
 

@@ -23,8 +23,12 @@
 //!   [`OVER_TARGET`] times the target, or, for a replica that has not yet seen its upstream
 //!   calm, at least [`COLD_AT_TARGET`] times it for [`COLD_UNDER_USED_TICKS`].
 //!
-//! Only the second way verifies the reference: a replica that starts while its fleet holds a
-//! queue learns that queue at rest. Until then its loop reads the queue as in-flight over what
+//! A third way, the cold probe (`super::probe`), verifies a replica that has not seen its
+//! upstream calm and has settled at the target: it admits a little more, and if latency does
+//! not rise, the latency it held is the upstream's own ([`NoLoad::verify`]).
+//!
+//! Only the second and third ways verify the reference: a replica that starts while its
+//! fleet holds a queue learns that queue at rest. Until then its loop reads the queue as in-flight over what
 //! its completion rate holds at the learned latency (Little's law), with no margin.
 
 use std::time::Duration;
@@ -146,6 +150,19 @@ impl NoLoad {
     /// standing-queue test.
     pub fn reference(&self) -> Option<f64> {
         self.value.filter(|_| self.verified)
+    }
+
+    /// Takes `latency` (seconds) as the verified no-load latency: the cold probe
+    /// (`super::probe`) saw the upstream answer at it with room to spare. Sets the
+    /// re-measured flag ([`NoLoad::take_relearned`]).
+    pub fn verify(&mut self, latency: f64) {
+        if latency > 0.0 {
+            self.value = Some(latency);
+            self.verified = true;
+            self.relearned = true;
+            self.under_used = 0;
+            self.streak_latency = 0.0;
+        }
     }
 
     /// Whether the in-flight count has grown for longer than a step would explain

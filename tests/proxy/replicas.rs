@@ -375,23 +375,24 @@ async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target
 
 /// A replica that has not yet seen its upstream calm holds latency at the target on latency
 /// alone (`shedgate::pressure::COLD_SETPOINT`), so when the upstream's own latency without a
-/// queue is at or just over the target (27 and 29 ms of service against 25), shedding cannot
-/// bring latency under it and the effort winds up. Until the upstream was re-measured after
-/// three seconds under-used at the target (`shedgate::pressure::noload::COLD_UNDER_USED_TICKS`)
-/// the replica shed nearly everything: goodput 17% and 13% at 3x and 10x with 27 ms, 11% at
-/// 10x with 29 ms. Now 86.5%, 83.7%, 95.2% and 85.5%, the recovered runs oscillating (CV of
-/// admitted/s about 0.3): this holds them as a bound that must not get worse; the issue's
-/// 95% is not met, nor at all with 25 ms of service against 25 (60–65%: the replica keeps more
-/// than half its share busy, so it is never under-used, and latency at the target is its
-/// equilibrium at any shed share; README "Sizing"). On the shared harness a proxy sharing a
-/// saturated core with the upstream measured 20 ms of service as about 25 and collapsed this
-/// way in 2 of 17 runs (README "Benchmarks").
+/// queue is at or just over the target (25, 27 and 29 ms of service against 25), shedding
+/// cannot bring latency under it and the effort winds up. Until the upstream was re-measured
+/// after three seconds under-used at the target (`shedgate::pressure::noload::
+/// COLD_UNDER_USED_TICKS`) the replica shed nearly everything: goodput 17% and 13% at 3x and
+/// 10x with 27 ms, 11% at 10x with 29 ms. That rule does not reach 25 ms (the replica keeps
+/// more than half its share busy, so it is never under-used): 64–68% over seeds 1–6, until
+/// the cold probe (`shedgate::pressure::probe`) found the upstream's idle workers: 94–99%.
+/// Now 98.7% and 98.5% with 25 ms, 82.7% and 83.1% with 27, 95.2% and 85.5% with 29 (the
+/// recovered runs oscillating): this holds them as bounds that must not get worse (0.9 and
+/// 0.75; the 95% is not met at 27 and 29 ms; README "Sizing"). On the shared harness
+/// a proxy sharing a saturated core with the upstream measured 20 ms of service as 22–25 and
+/// collapsed this way in 4 of 25 runs before the probe (README "Benchmarks").
 #[tokio::test(start_paused = true)]
 async fn a_cold_replica_in_front_of_an_upstream_at_its_target_recovers_most_of_it() {
-    for service_ms in [27, 29] {
+    for (service_ms, bound) in [(25, 0.9), (27, 0.75), (29, 0.75)] {
         for factor in [3.0, 10.0] {
             let (f, text) = harness_all_rank_5_with(factor, service_ms).await;
-            assert!(f.goodput >= 0.75, "goodput: {f}\n{text}");
+            assert!(f.goodput >= bound, "goodput: {f}\n{text}");
         }
     }
 }
