@@ -2,7 +2,7 @@
 //! that says whether latency over the target comes from queueing (shed) or from a slower
 //! upstream (do not).
 //!
-//! Two ways to learn it (docs/pressure.md "Pressure controllers"):
+//! Two ways to learn it, and a third to verify it (docs/pressure.md "Pressure controllers"):
 //!
 //! - **At rest** (no shedding effort, and in-flight short of where a safety cap's term sheds),
 //!   from ordinary traffic, like Netflix Gradient2's long window: it follows the smoothed
@@ -28,8 +28,9 @@
 //! not rise, the latency it held is the upstream's own ([`NoLoad::verify`]).
 //!
 //! Only the second and third ways verify the reference: a replica that starts while its
-//! fleet holds a queue learns that queue at rest. Until then its loop reads the queue as in-flight over what
-//! its completion rate holds at the learned latency (Little's law), with no margin.
+//! fleet holds a queue learns that queue at rest. Until then its loop reads the queue as
+//! in-flight over what its completion rate holds at the learned latency (Little's law), with
+//! no margin.
 
 use std::time::Duration;
 
@@ -85,8 +86,8 @@ pub const COLD_AT_TARGET: f64 = 0.95;
 #[derive(Debug, Clone)]
 pub struct NoLoad {
     value: Option<f64>,
-    /// Whether an under-used upstream measured `value` (learning at rest may have moved it
-    /// since).
+    /// Whether `value` was measured under load: an under-used upstream, or the cold probe's
+    /// room (learning at rest may have moved it since).
     verified: bool,
     history: [u32; GROWTH_TICKS],
     filled: usize,

@@ -13,8 +13,11 @@
 //! latency alone for [`SETTLE_TICKS`] lowers its shedding effort by [`STEP`] and holds it for
 //! [`PROBE_TICKS`]: if it then holds [`MORE`] more in flight, its arrivals did not change by
 //! more than [`SAME_OFFER`], and latency rose by at most [`RISE`] of the target, the latency
-//! it held was the upstream's own and becomes the verified no-load latency (`noload`); else
-//! the integral resumes, and the replica may probe again after [`BACKOFF_TICKS`]. Only a
+//! it held was the upstream's own and becomes the verified no-load latency (`noload`; as with
+//! any re-measure under load, the effort is then cut to `ENGAGED_EFFORT`); else the integral
+//! resumes, and the replica may settle again after [`BACKOFF_TICKS`] and probe a second after
+//! that. A probe whose replica stops being eligible midway (its effort reached 0, its latency
+//! lost confidence) ends without a verdict and backs off the same way. Only a
 //! replica holding [`MIN_INFLIGHT`] requests or more probes: one that holds a request or two
 //! (one of many replicas) cannot tell a rise of its own from noise, and would take its
 //! fleet's queue for the upstream's latency.
@@ -39,7 +42,8 @@ pub const RISE: f64 = 0.05;
 pub const SAME_OFFER: f64 = 0.2;
 /// Smallest mean in-flight count over the settled second for a replica to probe, requests.
 pub const MIN_INFLIGHT: f64 = 3.0;
-/// Ticks after a probe before the next one may settle: two seconds.
+/// Ticks after a probe, or after a settled second with fewer than [`MIN_INFLIGHT`] requests
+/// in flight, before the replica may settle again: two seconds.
 pub const BACKOFF_TICKS: u32 = 40;
 
 /// What the controller sees of a cold replica at a tick.
@@ -48,9 +52,10 @@ pub struct ProbeInput {
     /// The replica has not seen its upstream calm, its no-load latency is not verified, its
     /// latency signal has full confidence and it sheds (effort above 0).
     pub eligible: bool,
-    /// Smoothed latency over the target.
+    /// Smoothed latency over the target, confidence-weighted (the controller's `lc`; 1.0 is
+    /// at the target).
     pub latency_ratio: f64,
-    /// The tick's mean in-flight count.
+    /// The tick's mean in-flight count, requests.
     pub inflight: f64,
     /// Decisions per second over the tick: the arrivals this replica is offered.
     pub offered: f64,
@@ -213,6 +218,12 @@ mod tests {
     #[test]
     fn latency_rising_with_the_extra_requests_is_a_queue() {
         let actions = probe(6.0, tick(1.2, 7.0, 1000.0));
+        assert_eq!(actions.last(), Some(&Action::None));
+    }
+
+    #[test]
+    fn no_more_in_flight_says_nothing() {
+        let actions = probe(6.0, tick(1.0, 6.3, 1000.0));
         assert_eq!(actions.last(), Some(&Action::None));
     }
 
