@@ -153,9 +153,10 @@ impl NoLoad {
         self.value.filter(|_| self.verified)
     }
 
-    /// Takes `latency` (seconds) as the verified no-load latency: the cold probe
-    /// (`super::probe`) saw the upstream answer at it with room to spare. Sets the
-    /// re-measured flag ([`NoLoad::take_relearned`]).
+    /// Takes `latency` (seconds) as the verified no-load latency: measured under load on an
+    /// under-used upstream, or where the cold probe (`super::probe`) saw the upstream answer
+    /// with room to spare. Sets the re-measured flag ([`NoLoad::take_relearned`]) and ends
+    /// the under-use streak; a latency of 0 or less is ignored.
     pub fn verify(&mut self, latency: f64) {
         if latency > 0.0 {
             self.value = Some(latency);
@@ -218,11 +219,7 @@ impl NoLoad {
             && self.under_used >= COLD_UNDER_USED_TICKS
             && streak_mean > COLD_AT_TARGET * t.target;
         if (over_target || cold_at_target) && t.smoothed > 0.0 {
-            self.value = Some(t.smoothed);
-            self.verified = true;
-            self.relearned = true;
-            self.under_used = 0;
-            self.streak_latency = 0.0;
+            self.verify(t.smoothed);
             return;
         }
         let Some(sample) = t.tick_mean else {
