@@ -176,7 +176,8 @@ impl Output {
 /// e      = clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
 ///          clamp(lc - COLD_SETPOINT, ±ERROR_CLAMP)    not yet, not seen calm, full confidence
 ///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet, otherwise
-/// calm   = lc smoothed over RATE_TAU <= CALM; seen calm after CALM_TICKS calm ticks in a row
+/// calm   = lc smoothed over RATE_TAU <= CALM, once an answer came; seen calm after
+///          CALM_TICKS calm ticks in a row
 /// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
@@ -412,7 +413,9 @@ impl Controller {
         if self.calm_lc.is_some() || tick_mean.is_some() {
             self.calm_lc = Some(calm_lc);
         }
-        if calm_lc <= CALM {
+        // Calm is an upstream seen answering without a queue: a replica that has had no
+        // answer yet (started before its traffic) has seen nothing.
+        if calm_lc <= CALM && self.calm_lc.is_some() {
             self.calm_ticks = self.calm_ticks.saturating_add(1);
         } else {
             self.calm_ticks = 0;

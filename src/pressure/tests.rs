@@ -251,6 +251,24 @@ async fn fewer_arrivals_for_this_replica_are_not_under_use() {
     assert!(!state.noload_verified, "{state:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn idling_before_the_first_answer_is_not_calm() {
+    // A replica started before its traffic has no answer for two seconds: no latency, but
+    // nothing seen of its upstream either. Sent straight into an overload, it must start it
+    // as a replica started into the overload does, cold, with its effort built on latency
+    // alone: what it learns from the first answers is the queue. (Idle ticks used to count
+    // as calm, and such a replica took that queue for the upstream's own latency.)
+    let start = Instant::now();
+    let mut direct = controller();
+    run(&mut direct, start, 2.0, 20, samples(5, 120));
+    let mut idle = controller();
+    let (now, _) = run(&mut idle, start, 2.0, 0, samples(0, 0));
+    run(&mut idle, now, 2.0, 20, samples(5, 120));
+    let (d, i) = (direct.state(20), idle.state(20));
+    assert!(d.effort > 0.0, "{d:?}");
+    assert!((i.effort - d.effort).abs() < 1e-9, "{i:?} against {d:?}");
+}
+
 proptest::proptest! {
     /// Pressure is non-decreasing in the in-flight count and has no cliff: one more request
     /// in flight moves the load index by at most three times PROPORTIONAL_GAIN / share (the
