@@ -326,13 +326,14 @@ async fn the_upstream_halving_mid_run_is_held_full() {
 /// cold start for 20 s. Admitted p99 over the whole run, onset included, at most twice the
 /// target.
 async fn harness_all_rank_5(factor: f64) {
-    let (f, text) = harness_all_rank_5_with(factor, 20).await;
+    let (f, text) = harness_all_rank_5_with(factor, 20, 0).await;
     assert_held(&f, HARNESS_TARGET_MS, &text);
 }
 
-/// [`harness_all_rank_5`]'s run with the upstream's service time fixed at `service_ms`: its
-/// invariants asserted, its whole-run figures and the per-second summary returned.
-async fn harness_all_rank_5_with(factor: f64, service_ms: u64) -> (Figures, String) {
+/// [`harness_all_rank_5`]'s run with the upstream's service time fixed at `service_ms`, after
+/// `idle_s` seconds with no traffic: its invariants asserted, the figures of its overload
+/// (onset included) and the per-second summary returned.
+async fn harness_all_rank_5_with(factor: f64, service_ms: u64, idle_s: u64) -> (Figures, String) {
     let policy = policy();
     let stream = policy.stream("vehicle.position");
     let (lat, lon) = (52.520008, 13.404954);
@@ -345,7 +346,7 @@ async fn harness_all_rank_5_with(factor: f64, service_ms: u64) -> (Figures, Stri
         lon,
         rank,
     }];
-    let mut run = Run::new(&[(20, factor)], Replicas::one(), 35);
+    let mut run = Run::new(&[(idle_s, 0.0), (20, factor)], Replicas::one(), 35);
     run.service = ServiceTime::Fixed(Duration::from_millis(service_ms));
     run.target = Duration::from_millis(HARNESS_TARGET_MS);
     run.cap = Some(8);
@@ -355,7 +356,7 @@ async fn harness_all_rank_5_with(factor: f64, service_ms: u64) -> (Figures, Stri
     let f = figures(
         &format!("all rank 5, {factor}x, {service_ms} ms service, whole run"),
         &s,
-        0..20,
+        usize::try_from(idle_s).unwrap_or(0)..usize::try_from(idle_s + 20).unwrap_or(0),
         capacity,
     );
     (f, text)
@@ -385,14 +386,33 @@ async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target
 /// Now 98.7% and 98.5% with 25 ms, 82.7% and 83.1% with 27, 95.2% and 85.5% with 29 (the
 /// recovered runs oscillating): this holds them as bounds that must not get worse (0.9 and
 /// 0.75; the 95% is not met at 27 and 29 ms; README "Sizing"). On the shared harness
-/// a proxy sharing a saturated core with the upstream measured 20 ms of service as 22–25 and
-/// collapsed this way in 4 of 25 runs before the probe (README "Benchmarks").
+/// a proxy sharing a saturated core with the upstream measures 20 ms of service as 22–25.
+/// The collapses seen there (4 of 25 runs) had another cause: the proxy idled before the load
+/// and counted that as calm ([`a_replica_idle_before_its_overload_meets_it_cold`]).
 #[tokio::test(start_paused = true)]
 async fn a_cold_replica_in_front_of_an_upstream_at_its_target_recovers_most_of_it() {
     for (service_ms, bound) in [(25, 0.9), (27, 0.75), (29, 0.75)] {
         for factor in [3.0, 10.0] {
-            let (f, text) = harness_all_rank_5_with(factor, service_ms).await;
+            let (f, text) = harness_all_rank_5_with(factor, service_ms, 0).await;
             assert!(f.goodput >= bound, "goodput: {f}\n{text}");
         }
+    }
+}
+
+/// A proxy started before its traffic (the shared harness starts it seconds before the load;
+/// a pod is ready before the balancer sends to it) meets the overload as one started into it.
+/// Idle ticks used to count as calm, so such a replica met the overload as one that had seen
+/// its upstream calm: it read the queue it learned from its first answers as none, and neither
+/// the cold rules nor the probe reached it. With two idle seconds before the harness's
+/// overload: 10x over 20 ms of service, p99 55 ms then (over twice the target), 40 now; 3x
+/// over 25 ms, goodput 89.2% then, 98.6% now (the same as without the idle seconds). On the
+/// real harness this was the collapse of one run in five or six (README "Sizing").
+#[tokio::test(start_paused = true)]
+async fn a_replica_idle_before_its_overload_meets_it_cold() {
+    for factor in [3.0, 10.0] {
+        let (f, text) = harness_all_rank_5_with(factor, 20, 2).await;
+        assert_held(&f, HARNESS_TARGET_MS, &text);
+        let (f, text) = harness_all_rank_5_with(factor, 25, 2).await;
+        assert!(f.goodput >= 0.9, "goodput: {f}\n{text}");
     }
 }
