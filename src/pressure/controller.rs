@@ -240,6 +240,10 @@ pub struct ControllerState {
     pub noload_latency_ms: Option<f64>,
     /// Whether the no-load latency was measured under load (an under-used upstream).
     pub noload_verified: bool,
+    /// Whether this replica has not yet seen its upstream calm (answering with the latency
+    /// ratio at or under `CALM` for `CALM_TICKS` ticks): a cold replica steers on latency
+    /// alone and may probe (docs/pressure.md).
+    pub cold: bool,
     /// This replica's learned share of the upstream's concurrency, requests.
     pub concurrency_share: f64,
     /// Smoothed latency samples per second.
@@ -529,6 +533,7 @@ impl Controller {
             queue_ratio: self.queue_ratio(),
             noload_latency_ms: self.noload.value().map(|l0| l0 * 1e3),
             noload_verified: self.noload.reference().is_some(),
+            cold: !self.seen_calm,
             concurrency_share: self.output.share,
             sample_rate: self.rate,
             base: self.output.base,
