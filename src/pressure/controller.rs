@@ -176,8 +176,8 @@ impl Output {
 /// e      = clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
 ///          clamp(lc - COLD_SETPOINT, ±ERROR_CLAMP)    not yet, not seen calm, full confidence
 ///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet, otherwise
-/// calm   = lc smoothed over RATE_TAU <= CALM, once an answer came; seen calm after
-///          CALM_TICKS calm ticks in a row
+/// calm   = lc smoothed over RATE_TAU <= CALM at a tick with answers; seen calm after
+///          CALM_TICKS such ticks in a row (silent ticks neither count nor break the run)
 /// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
@@ -417,12 +417,15 @@ impl Controller {
         if self.calm_lc.is_some() || tick_mean.is_some() {
             self.calm_lc = Some(calm_lc);
         }
-        // Calm is an upstream seen answering without a queue: a replica that has had no
-        // answer yet (started before its traffic) has seen nothing.
-        if calm_lc <= CALM && self.calm_lc.is_some() {
-            self.calm_ticks = self.calm_ticks.saturating_add(1);
-        } else {
-            self.calm_ticks = 0;
+        // Calm is an upstream seen answering without a queue: only ticks with answers count,
+        // and silent ones neither count nor break the run, so a replica idle since it
+        // started, or silent after one queued answer, has not seen it.
+        if tick_mean.is_some() {
+            if calm_lc <= CALM {
+                self.calm_ticks = self.calm_ticks.saturating_add(1);
+            } else {
+                self.calm_ticks = 0;
+            }
         }
         self.seen_calm |= self.calm_ticks >= CALM_TICKS;
         // A cold replica settled on latency alone at the target finds out whether that

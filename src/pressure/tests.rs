@@ -269,6 +269,29 @@ async fn idling_before_the_first_answer_is_not_calm() {
     assert!((i.effort - d.effort).abs() < 1e-9, "{i:?} against {d:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn one_queued_answer_and_silence_are_not_calm() {
+    // One answer at 120 ms (2.4 times the target, with 20 in flight: a queue), then ten
+    // silent seconds: the smoothed latency fades to nothing, but nothing was seen of the
+    // upstream without a queue, so the replica is still cold.
+    let mut c = controller();
+    let start = Instant::now();
+    let (now, _) = run(&mut c, start, TICK.as_secs_f64(), 20, samples(1, 120));
+    run(&mut c, now, 10.0, 0, samples(0, 0));
+    let state = c.state(0);
+    assert!(state.latency_ratio < 0.1, "{state:?}");
+    assert!(state.cold, "{state:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_of_calm_answers_is_calm() {
+    // The other side: answers at 10 ms, a fifth of the target, for a second.
+    let mut c = controller();
+    let start = Instant::now();
+    run(&mut c, start, 1.5, 1, samples(5, 10));
+    assert!(!c.state(1).cold, "{:?}", c.state(1));
+}
+
 proptest::proptest! {
     /// Pressure is non-decreasing in the in-flight count and has no cliff: one more request
     /// in flight moves the load index by at most three times PROPORTIONAL_GAIN / share (the
