@@ -210,7 +210,7 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
 
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99
 /// within twice the target in each (2 replicas 43 ms; 8, six cold ones joined, 55 ms; 3
-/// after the scale-in 52 ms). Before cold replicas held on latency alone
+/// after the scale-in 54 ms). Before cold replicas held on latency alone
 /// (`shedgate::pressure::COLD_SETPOINT`) the last two were 85 and 155 ms.
 ///
 /// That holds at this seed (32), not at most others: run with seeds 1–12 (same traffic mix,
