@@ -55,6 +55,9 @@ pub fn assess(
     body: &[u8],
 ) -> (Option<StreamId>, Facts) {
     let stream = reading.known.flatten();
+    // Read once for both uses below. An ambiguous `Content-Type` reads as none; it never
+    // reaches the stream's read mode (the stream is unknown then).
+    let content_type = read_one(headers, CONTENT_TYPE).value();
     let mode = reading
         .route
         .map(|(i, j)| policy.routes()[i].mode_at(j))
@@ -62,8 +65,6 @@ pub fn assess(
     let (extractor, time_header) = match (mode, stream) {
         (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
         (None, Some(id)) => {
-            // An ambiguous `Content-Type` never gets here (the stream is unknown then).
-            let content_type = read_one(headers, CONTENT_TYPE).value();
             let m = policy
                 .stream_policy(id)
                 .read_mode(content_type.map(http::HeaderValue::as_bytes));
@@ -71,7 +72,7 @@ pub fn assess(
         }
         (None, None) => (&*DEFAULT_EXTRACTOR, None),
     };
-    let form = read_one(headers, CONTENT_TYPE).value().is_some_and(|v| {
+    let form = content_type.is_some_and(|v| {
         media_type(v.as_bytes()).eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
     });
     let mut body_facts = extractor.extract_request(query, form, body);
