@@ -121,20 +121,6 @@ pub const CAP_GAIN: f64 = 6.0;
 pub const STILL_OFFERED: f64 = 0.8;
 /// Shedding effort at and above which the proportional part's reference is [`SETPOINT`].
 pub const ENGAGED_EFFORT: f64 = 0.5;
-/// How long after its last tick with the effort at [`ENGAGED_EFFORT`] or more a replica that
-/// has seen its upstream calm may start the effort again from rest on a positive error, as it
-/// may while it has not: a dip in latency that unwound the effort to 0 does not end the
-/// overload. Without it, such a replica read the latency that came back as an upstream at
-/// rest: it admitted all it was offered (its in-flight count, a fraction of its fleet's, far
-/// short of the rest reference) and learned the fleet's queue as its no-load latency. In the
-/// replica count going 2 -> 8 -> 3 during 3x (`tests/proxy/replicas.rs`), seeds 1-12 and 32,
-/// p99 in the 8-replica phase went from 57-114 ms (median 81) to 57-111 ms (median 78) and in
-/// the 3-replica phase at seed 5 from 156 to 98 ms; 4 of the 13 seeds met every range, 3
-/// before. 2 s against 1 s: the same but for one seed (82 against 88 ms). Every other
-/// scenario's figures are unchanged. From [`ENGAGED_EFFORT`], not from any
-/// effort: a hold renewed by the small efforts that noise starts kept a replica at 0.8x of a
-/// halved upstream over pressure 0.5 for four seconds after its overload.
-pub const ENGAGED_HOLD: Duration = Duration::from_secs(2);
 /// Integral gain, per second: the shedding effort moves by this much per second per unit of
 /// error. Tuned in closed loop (`tests/proxy/scenarios.rs`): 2, 4 and 8 all held 3x and 10x at
 /// 99–100% goodput; 4 settles a 10x step within a second and unwinds within one after it.

@@ -9,10 +9,10 @@ use tokio::time::Instant;
 
 use super::ControllerConfig;
 use super::constants::{
-    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ENGAGED_HOLD, ERROR_CLAMP,
-    FULL_CONFIDENCE_RATE, GATE_OPEN, GATE_SHUT, INTEGRAL_GAIN, LATENCY_DECAY_TAU, LATENCY_SETPOINT,
-    LATENCY_TAU, MAX_EFFORT, MIN_RATE_SPAN, MIN_SHARE, PEAK_TAU, PROPORTIONAL_GAIN, RATE_TAU,
-    REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
+    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FULL_CONFIDENCE_RATE,
+    GATE_OPEN, GATE_SHUT, INTEGRAL_GAIN, LATENCY_DECAY_TAU, LATENCY_SETPOINT, LATENCY_TAU,
+    MAX_EFFORT, MIN_RATE_SPAN, MIN_SHARE, PEAK_TAU, PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN,
+    SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
 };
 use super::noload::{NoLoad, TickInput};
 use super::probe::{self, Action, ColdProbe, ProbeInput};
@@ -183,9 +183,8 @@ impl Output {
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
 ///          — from rest only when in-flight is past the proportional part's rest reference
 ///          (4.25 shares) or the cap's (1.25 caps: the cap term sheds), in-flight has grown
-///          for longer than a step would explain (a queue filling), the effort was at
-///          ENGAGED_EFFORT or more within ENGAGED_HOLD (the same overload), or the replica
-///          has not yet seen its upstream calm
+///          for longer than a step would explain (a queue filling), or the replica has not
+///          yet seen its upstream calm
 /// base   = min(1, max(lc, (q - 1) / (SETPOINT - 1), inflight / cap))
 /// ```
 ///
@@ -224,10 +223,6 @@ pub struct Controller {
     calm_ticks: u32,
     seen_calm: bool,
     probe: ColdProbe,
-    /// The last tick that began with the effort at [`ENGAGED_EFFORT`] or more, or in-flight
-    /// past the safety cap's reference: the effort may start again from rest within
-    /// [`ENGAGED_HOLD`] of it.
-    last_engaged: Option<Instant>,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -288,7 +283,6 @@ impl Controller {
             calm_ticks: 0,
             seen_calm: false,
             probe: ColdProbe::default(),
-            last_engaged: None,
         }
     }
 
@@ -476,14 +470,7 @@ impl Controller {
         let current_u = self
             .output
             .utilisation(f64::from(inflight).max(mean_inflight), 0.0);
-        if self.output.effort >= ENGAGED_EFFORT || over_cap {
-            self.last_engaged = Some(now);
-        }
-        let recently_engaged = self
-            .last_engaged
-            .is_some_and(|at| now.saturating_duration_since(at) < ENGAGED_HOLD);
         let may_start = !self.seen_calm
-            || recently_engaged
             || over_cap
             || self.mean_u.max(current_u) > rest
             || self.noload.sustained_growth();

@@ -7,9 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::ControllerConfig;
-use super::constants::{
-    ENGAGED_EFFORT, ERROR_CLAMP, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK,
-};
+use super::constants::{ERROR_CLAMP, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK};
 use super::controller::{Controller, InflightWindow, LatencyWindow, Output};
 use super::gauge::{LATENCY_SUM_BITS, unpack};
 
@@ -251,43 +249,6 @@ async fn fewer_arrivals_for_this_replica_are_not_under_use() {
     // replicas share the arrivals): holding little is its share, and nothing is re-measured.
     let state = shed_to_one_in_flight(1);
     assert!(!state.noload_verified, "{state:?}");
-}
-
-/// A replica that has seen its upstream calm is overloaded (20 in flight at 200 ms), then a
-/// dip drains the queue (3 in flight at the 25 ms no-load latency) until its effort is 0;
-/// `rest` seconds later latency comes back at 75 ms, over the 50 ms target, with 8 in
-/// flight: short of the rest reference, and a step, not a growing queue. Its effort half a
-/// second later.
-fn effort_when_latency_returns(rest: f64) -> f64 {
-    let (mut c, now) = learned();
-    let (mut now, _) = run(&mut c, now, 1.0, 20, samples(5, 200));
-    assert!(c.output().effort >= ENGAGED_EFFORT, "{:?}", c.state(20));
-    for _ in 0..100 {
-        if c.output().effort == 0.0 {
-            break;
-        }
-        now = run(&mut c, now, TICK.as_secs_f64(), 3, samples(5, 25)).0;
-    }
-    assert!(c.output().effort == 0.0, "{:?}", c.state(3));
-    let (now, _) = run(&mut c, now, rest, 3, samples(5, 25));
-    run(&mut c, now, 0.5, 8, samples(5, 75));
-    c.output().effort
-}
-
-#[tokio::test(start_paused = true)]
-async fn latency_back_soon_after_a_dip_is_the_same_overload() {
-    // Within ENGAGED_HOLD of the effort it had: the effort starts again. (It used to wait
-    // for in-flight past the rest reference, while the no-load latency learned the queue.)
-    let effort = effort_when_latency_returns(0.5);
-    assert!(effort > 0.5, "{effort}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn latency_up_long_after_an_overload_is_learned_not_shed() {
-    // The same step three seconds later reads as a slower deploy at light load
-    // (`a_slower_deploy_at_light_load_is_learned_not_shed`): no effort.
-    let effort = effort_when_latency_returns(3.0);
-    assert!(effort == 0.0, "{effort}");
 }
 
 #[tokio::test(start_paused = true)]

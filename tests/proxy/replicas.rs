@@ -214,11 +214,11 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
 /// (`shedgate::pressure::COLD_SETPOINT`) the last two were 85 and 155 ms.
 ///
 /// That holds at this seed (32), not at most others: run with seeds 1–12 (same traffic mix,
-/// arrivals and spread redrawn), 3 of 12 met every range (2 before
-/// `shedgate::pressure::ENGAGED_HOLD`); the 8-replica phase's p99 was 57–111 ms (median 78;
-/// 81 before), one 3-replica phase 98 ms (156 before), and seed 1 shed priority areas more
-/// than the next band in one second. The joining phase is open (README "Sizing"); this test
-/// keeps the seed that passes so that the run it describes cannot get worse unnoticed.
+/// arrivals and spread redrawn), 2 of 12 met every range; the 8-replica phase's p99 was
+/// 57–114 ms (median 81), one 3-replica phase 156 ms, and seed 1 shed priority areas more
+/// than the next band in one second (16 of 19 against 15 of 28). The joining phase is open
+/// (README "Sizing"); this test keeps the seed that passes so that the run it describes
+/// cannot get worse unnoticed.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
     // Scaled out from 2 to 8 at 9 s (six cold replicas join the overload), in to 3 at 14 s
