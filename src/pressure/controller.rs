@@ -365,11 +365,14 @@ impl Controller {
         // Only while this replica is still offered about the peak it saw served: if its
         // arrivals fell (more replicas, a load balancer's new weights), holding less is its
         // share, not under-use.
-        let held_u = match self.noload.value() {
-            Some(l0) if self.held_peak > 0.0 && self.offered >= STILL_OFFERED * self.held_peak => {
-                mean_inflight / (self.held_peak * l0).max(1e-9)
-            }
+        let held_u_any_offer = match self.noload.value() {
+            Some(l0) if self.held_peak > 0.0 => mean_inflight / (self.held_peak * l0).max(1e-9),
             _ => f64::INFINITY,
+        };
+        let held_u = if self.offered >= STILL_OFFERED * self.held_peak {
+            held_u_any_offer
+        } else {
+            f64::INFINITY
         };
         let full_rate = match self.config.max_inflight {
             Some(cap) => FULL_CONFIDENCE_RATE.min(f64::from(cap.get()) / target / 2.0),
@@ -388,6 +391,7 @@ impl Controller {
                 inflight,
                 tick_mean,
                 utilisation: held_u,
+                utilisation_any_offer: held_u_any_offer,
                 smoothed: self.l,
                 target,
                 engaged: self.output.effort > 0.0 || over_cap,

@@ -21,7 +21,10 @@
 //!   An over-shedding loop is over-shedding on every replica (they read the same latency), so
 //!   the fleet measures together without talking to each other. The latency must be over
 //!   [`OVER_TARGET`] times the target, or, for a replica that has not yet seen its upstream
-//!   calm, at least [`COLD_AT_TARGET`] times it for [`COLD_UNDER_USED_TICKS`].
+//!   calm, at least [`COLD_AT_TARGET`] times it for [`COLD_UNDER_USED_TICKS`]. A replica
+//!   offered less than it saw served (its arrivals fell) is left out for a moment, since a
+//!   replica whose fleet still holds a queue looks the same, but not for good
+//!   ([`LONG_UNDER_USED_TICKS`]): an upstream left slow after its overload looks so forever.
 //!
 //! A third way, the cold probe (`super::probe`), verifies a replica that has not seen its
 //! upstream calm and has settled at the target: it admits a little more, and if latency does
@@ -77,6 +80,18 @@ pub const OVER_TARGET: f64 = 1.15;
 /// upstream exactly at the target keeps more than half its share busy and is never under-used
 /// (README "Sizing").
 pub const COLD_UNDER_USED_TICKS: u32 = 60;
+/// Ticks of [`UNDER_USED`] shedding, at over [`OVER_TARGET`] times the target, after which the
+/// latency is taken as the no-load latency even though the replica is no longer offered
+/// [`STILL_OFFERED`](super::STILL_OFFERED) of its peak: five seconds. The under-use test
+/// leaves out a replica whose arrivals fell, because for a moment it looks the same as one
+/// whose fleet still holds a queue (it joined others, or its overload is ending); but an
+/// upstream that stays slower than the target once its overload has passed looks like that
+/// for good, and shedding cannot lower its latency: the effort stayed at its maximum, every
+/// sheddable event shed, for as long as the upstream stayed slow
+/// (`an_upstream_left_slow_after_its_overload_is_re_measured_in_the_end`). Five times
+/// [`UNDER_USED_TICKS`]: a fleet's queue is gone within seconds once every replica sheds
+/// (the count change 2 -> 8 -> 3 in `tests/proxy/replicas.rs`: no figure moved).
+pub const LONG_UNDER_USED_TICKS: u32 = 100;
 /// Mean latency over the target, across [`COLD_UNDER_USED_TICKS`], from which a replica that
 /// has not seen its upstream calm takes it as the no-load latency: just under the target that
 /// such a replica holds, so that one held there by an upstream that slow qualifies.
@@ -97,6 +112,9 @@ pub struct NoLoad {
     /// smoothed latency over them (seconds).
     under_used: u32,
     streak_latency: f64,
+    /// The same streak, whatever the replica is offered ([`LONG_UNDER_USED_TICKS`]).
+    long_under_used: u32,
+    long_streak_latency: f64,
     /// Set when the reference was re-measured under load (read once).
     relearned: bool,
 }
@@ -111,6 +129,8 @@ impl Default for NoLoad {
             growing: 0,
             under_used: 0,
             streak_latency: 0.0,
+            long_under_used: 0,
+            long_streak_latency: 0.0,
             relearned: false,
         }
     }
@@ -127,6 +147,9 @@ pub struct TickInput {
     /// held since shedding began; infinite while unknown or while the replica is offered
     /// less than [`STILL_OFFERED`](super::STILL_OFFERED) of that peak (no under-use then).
     pub utilisation: f64,
+    /// The same reading whether or not the replica is still offered its peak; infinite while
+    /// unknown.
+    pub utilisation_any_offer: f64,
     /// The smoothed latency, seconds.
     pub smoothed: f64,
     /// The latency target, seconds.
@@ -156,7 +179,7 @@ impl NoLoad {
     /// Takes `latency` (seconds) as the verified no-load latency: measured under load on an
     /// under-used upstream, or where the cold probe (`super::probe`) saw the upstream answer
     /// with room to spare. Sets the re-measured flag ([`NoLoad::take_relearned`]) and ends
-    /// the under-use streak; a latency of 0 or less is ignored.
+    /// the under-use streaks; a latency of 0 or less is ignored.
     pub fn verify(&mut self, latency: f64) {
         if latency > 0.0 {
             self.value = Some(latency);
@@ -164,6 +187,8 @@ impl NoLoad {
             self.relearned = true;
             self.under_used = 0;
             self.streak_latency = 0.0;
+            self.long_under_used = 0;
+            self.long_streak_latency = 0.0;
         }
     }
 
@@ -212,9 +237,19 @@ impl NoLoad {
             self.under_used = 0;
             self.streak_latency = 0.0;
         }
+        if t.engaged && t.share > 0.0 && t.utilisation_any_offer < UNDER_USED {
+            self.long_under_used = self.long_under_used.saturating_add(1);
+            self.long_streak_latency += t.smoothed;
+        } else {
+            self.long_under_used = 0;
+            self.long_streak_latency = 0.0;
+        }
         let streak_mean = self.streak_latency / f64::from(self.under_used.max(1));
-        let over_target =
-            self.under_used >= UNDER_USED_TICKS && streak_mean > OVER_TARGET * t.target;
+        let long_mean = self.long_streak_latency / f64::from(self.long_under_used.max(1));
+        let over_target = (self.under_used >= UNDER_USED_TICKS
+            && streak_mean > OVER_TARGET * t.target)
+            || (self.long_under_used >= LONG_UNDER_USED_TICKS
+                && long_mean > OVER_TARGET * t.target);
         let cold_at_target = t.cold
             && self.under_used >= COLD_UNDER_USED_TICKS
             && streak_mean > COLD_AT_TARGET * t.target;

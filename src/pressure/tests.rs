@@ -211,6 +211,12 @@ async fn few_slow_samples_are_noise() {
 /// seconds with one request in flight answered at 60 ms 20 times a second, while
 /// `decisions_per_tick` arrivals are offered each tick. Returns the state at the end.
 fn shed_to_one_in_flight(decisions_per_tick: u64) -> super::ControllerState {
+    shed_to_one_in_flight_for(decisions_per_tick, 3.0).0
+}
+
+/// [`shed_to_one_in_flight`] for `secs` seconds (a whole number of ticks); also returns the
+/// pressure at the end.
+fn shed_to_one_in_flight_for(decisions_per_tick: u64, secs: f64) -> (super::ControllerState, f64) {
     let (mut c, mut now) = learned();
     let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
     now = n;
@@ -219,11 +225,17 @@ fn shed_to_one_in_flight(decisions_per_tick: u64) -> super::ControllerState {
         count: decisions_per_tick,
         sum: decisions_per_tick,
     };
-    for _ in 0..60 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a non-negative number of ticks, saturating at u32::MAX"
+    )]
+    let ticks = (secs / TICK.as_secs_f64()).round() as u32;
+    for _ in 0..ticks {
         now += TICK;
         c.update(now, 1, offered, samples(1, 60));
     }
-    c.state(1)
+    (c.state(1), c.output().pressure(1))
 }
 
 #[tokio::test(start_paused = true)]
@@ -249,6 +261,23 @@ async fn fewer_arrivals_for_this_replica_are_not_under_use() {
     // replicas share the arrivals): holding little is its share, and nothing is re-measured.
     let state = shed_to_one_in_flight(1);
     assert!(!state.noload_verified, "{state:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_left_slow_after_its_overload_is_re_measured_in_the_end() {
+    // The same, held longer: the overload is over (the replica is offered a fifth of what it
+    // saw served, all of it answered), but the upstream stays slower than the target. The
+    // effort cannot lower that latency; shedding everything sheddable for good would be
+    // shedding from slowness without a queue. After LONG_UNDER_USED_TICKS the latency is the
+    // upstream's own, and the pressure falls to what it says: 0.5 or less once the effort has
+    // unwound. (Before, pressure stayed at 0.998 for as long as the upstream stayed slow.)
+    let (state, p) = shed_to_one_in_flight_for(1, 9.0);
+    assert!(state.noload_verified, "{state:?}");
+    assert!(
+        (state.noload_latency_ms.unwrap() - 60.0).abs() < 6.0,
+        "{state:?}"
+    );
+    assert!(p <= 0.5 + 1e-9, "{p} {state:?}");
 }
 
 #[tokio::test(start_paused = true)]

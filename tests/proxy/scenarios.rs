@@ -313,6 +313,35 @@ async fn a_slower_deploy_at_light_load_sheds_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_upstream_left_slow_after_its_overload_is_not_shed_for_good() {
+    // 1.5x from 5 s to 10 s; from 9.5 s the upstream takes twice as long (40 ms mean, over
+    // the 30 ms target) and stays so; from 10 s the load is a quarter of the old capacity,
+    // half of the slowed one. Shedding cannot lower that latency: once the upstream has been
+    // under-used for long enough (`shedgate::pressure::noload::LONG_UNDER_USED_TICKS`) it is
+    // the upstream's own, and the shedding stops. Before, the replica's arrivals fell under
+    // `STILL_OFFERED` of its peak before the under-use test's second was up, and it shed
+    // 50-90% of the default band at that quarter load until the run ended (goodput 4-7% of
+    // the old capacity; at 3x the arrivals fell slower and the second was up in time).
+    let slow = Phase {
+        from: Duration::from_millis(9_500),
+        slowdown: 2.0,
+        fail_rate: 0.0,
+    };
+    let (s, cap) = run(&[(5, 0.8), (5, 1.5), (15, 0.25)], vec![slow], 18).await;
+    let text = summary(&s, cap);
+    assert_invariants(&s, &text);
+    let during = figures("overload", &s, 6..10, cap);
+    assert!(
+        during.shed > 0.2,
+        "{during}
+{text}"
+    );
+    let after = figures("after it, still slow", &s, 18..25, cap);
+    assert!(after.shed < 0.01, "{after}\n{text}");
+    assert!(s[20..25].iter().all(|s| s.end_pressure <= 0.5), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slowdown_that_ends_stops_the_shedding() {
     // The upstream slows to half speed for five seconds under 0.8x load (1.6x of the slowed
     // capacity), then is itself again: nothing learned during the slowdown keeps shedding.
