@@ -364,7 +364,7 @@ impl Controller {
         self.offered += alpha(RATE_TAU) * (observed.count as f64 / dt - self.offered);
         // Only while this replica is still offered about the peak it saw served: if its
         // arrivals fell (more replicas, a load balancer's new weights), holding less is its
-        // share, not under-use.
+        // share, not under-use, for a while (`noload::LONG_UNDER_USED_TICKS` reads it anyway).
         let held_u_any_offer = match self.noload.value() {
             Some(l0) if self.held_peak > 0.0 => mean_inflight / (self.held_peak * l0).max(1e-9),
             _ => f64::INFINITY,

@@ -258,8 +258,9 @@ async fn shedding_an_under_used_upstream_re_measures_the_no_load_latency() {
 #[tokio::test(start_paused = true)]
 async fn fewer_arrivals_for_this_replica_are_not_under_use() {
     // The same, except that the replica is now offered less than it saw served (more
-    // replicas share the arrivals): holding little is its share, and nothing is re-measured.
-    let state = shed_to_one_in_flight(1);
+    // replicas share the arrivals): holding little is its share, and nothing is re-measured
+    // short of LONG_UNDER_USED_TICKS (ten seconds; this runs nine).
+    let (state, _) = shed_to_one_in_flight_for(1, 9.0);
     assert!(!state.noload_verified, "{state:?}");
 }
 
@@ -267,11 +268,12 @@ async fn fewer_arrivals_for_this_replica_are_not_under_use() {
 async fn an_upstream_left_slow_after_its_overload_is_re_measured_in_the_end() {
     // The same, held longer: the overload is over (the replica is offered a fifth of what it
     // saw served, all of it answered), but the upstream stays slower than the target. The
-    // effort cannot lower that latency; shedding everything sheddable for good would be
-    // shedding from slowness without a queue. After LONG_UNDER_USED_TICKS the latency is the
-    // upstream's own, and the pressure falls to what it says: 0.5 or less once the effort has
-    // unwound. (Before, pressure stayed at 0.998 for as long as the upstream stayed slow.)
-    let (state, p) = shed_to_one_in_flight_for(1, 9.0);
+    // effort cannot lower that latency; shedding for good would be shedding from slowness
+    // without a queue. After LONG_UNDER_USED_TICKS the latency is the upstream's own, and
+    // the pressure falls to what it says: 0.5 or less once the effort has unwound. (Before,
+    // the effort stayed at its maximum and pressure at 0.99 for as long as the upstream
+    // stayed slow.)
+    let (state, p) = shed_to_one_in_flight_for(1, 14.0);
     assert!(state.noload_verified, "{state:?}");
     assert!(
         (state.noload_latency_ms.unwrap() - 60.0).abs() < 6.0,
