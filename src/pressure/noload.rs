@@ -114,13 +114,10 @@ pub struct NoLoad {
     filled: usize,
     /// Consecutive ticks the in-flight count has been growing.
     growing: u32,
-    /// Consecutive ticks of shedding with the upstream under-used, and the sum of the
-    /// smoothed latency over them (seconds).
-    under_used: u32,
-    streak_latency: f64,
-    /// The same streak, whatever the replica is offered ([`LONG_UNDER_USED_TICKS`]).
-    long_under_used: u32,
-    long_streak_latency: f64,
+    /// Shedding with the upstream under-used while still offered its peak.
+    under_used: Streak,
+    /// The same, whatever the replica is offered ([`LONG_UNDER_USED_TICKS`]).
+    long_under_used: Streak,
     /// Set when the reference was re-measured under load (read once).
     relearned: bool,
 }
@@ -133,12 +130,34 @@ impl Default for NoLoad {
             history: [0; GROWTH_TICKS],
             filled: 0,
             growing: 0,
-            under_used: 0,
-            streak_latency: 0.0,
-            long_under_used: 0,
-            long_streak_latency: 0.0,
+            under_used: Streak::default(),
+            long_under_used: Streak::default(),
             relearned: false,
         }
+    }
+}
+
+/// Consecutive ticks of a condition, and the sum of the smoothed latency over them (seconds).
+#[derive(Debug, Clone, Copy, Default)]
+struct Streak {
+    ticks: u32,
+    latency_sum: f64,
+}
+
+impl Streak {
+    /// Extends the streak by a tick at `latency` (seconds) while `holds`, else ends it.
+    fn step(&mut self, holds: bool, latency: f64) {
+        if holds {
+            self.ticks = self.ticks.saturating_add(1);
+            self.latency_sum += latency;
+        } else {
+            *self = Streak::default();
+        }
+    }
+
+    /// The mean latency over the streak, seconds (0 before its first tick).
+    fn mean(&self) -> f64 {
+        self.latency_sum / f64::from(self.ticks.max(1))
     }
 }
 
@@ -192,10 +211,8 @@ impl NoLoad {
             self.value = Some(latency);
             self.verified = true;
             self.relearned = true;
-            self.under_used = 0;
-            self.streak_latency = 0.0;
-            self.long_under_used = 0;
-            self.long_streak_latency = 0.0;
+            self.under_used = Streak::default();
+            self.long_under_used = Streak::default();
         }
     }
 
@@ -237,30 +254,19 @@ impl NoLoad {
         } else {
             0
         };
-        if t.engaged && t.share > 0.0 && t.utilisation < UNDER_USED {
-            self.under_used = self.under_used.saturating_add(1);
-            self.streak_latency += t.smoothed;
-        } else {
-            self.under_used = 0;
-            self.streak_latency = 0.0;
-        }
-        if t.engaged && t.share > 0.0 && t.utilisation_any_offer < UNDER_USED {
-            self.long_under_used = self.long_under_used.saturating_add(1);
-            self.long_streak_latency += t.smoothed;
-        } else {
-            self.long_under_used = 0;
-            self.long_streak_latency = 0.0;
-        }
-        let streak_mean = self.streak_latency / f64::from(self.under_used.max(1));
-        let long_mean = self.long_streak_latency / f64::from(self.long_under_used.max(1));
-        let over_target = (self.under_used >= UNDER_USED_TICKS
-            && streak_mean > OVER_TARGET * t.target)
-            || (self.long_under_used >= LONG_UNDER_USED_TICKS
-                && long_mean > OVER_TARGET * t.target
+        let shedding = t.engaged && t.share > 0.0;
+        self.under_used
+            .step(shedding && t.utilisation < UNDER_USED, t.smoothed);
+        self.long_under_used
+            .step(shedding && t.utilisation_any_offer < UNDER_USED, t.smoothed);
+        let over_target = (self.under_used.ticks >= UNDER_USED_TICKS
+            && self.under_used.mean() > OVER_TARGET * t.target)
+            || (self.long_under_used.ticks >= LONG_UNDER_USED_TICKS
+                && self.long_under_used.mean() > OVER_TARGET * t.target
                 && t.smoothed > OVER_TARGET * t.target);
         let cold_at_target = t.cold
-            && self.under_used >= COLD_UNDER_USED_TICKS
-            && streak_mean > COLD_AT_TARGET * t.target;
+            && self.under_used.ticks >= COLD_UNDER_USED_TICKS
+            && self.under_used.mean() > COLD_AT_TARGET * t.target;
         if (over_target || cold_at_target) && t.smoothed > 0.0 {
             self.verify(t.smoothed);
             return;
