@@ -362,18 +362,14 @@ impl Controller {
         // began: the under-use test's reading (what is admitted while shedding says nothing
         // about what the upstream could do).
         self.offered += alpha(RATE_TAU) * (observed.count as f64 / dt - self.offered);
-        // Only while this replica is still offered about the peak it saw served: if its
-        // arrivals fell (more replicas, a load balancer's new weights), holding less is its
-        // share, not under-use, for a while (`noload::LONG_UNDER_USED_TICKS` reads it anyway).
-        let held_u_any_offer = match self.noload.value() {
+        let held_u = match self.noload.value() {
             Some(l0) if self.held_peak > 0.0 => mean_inflight / (self.held_peak * l0).max(1e-9),
             _ => f64::INFINITY,
         };
-        let held_u = if self.offered >= STILL_OFFERED * self.held_peak {
-            held_u_any_offer
-        } else {
-            f64::INFINITY
-        };
+        // Whether this replica is still offered about the peak it saw served: if its arrivals
+        // fell (more replicas, a load balancer's new weights), holding less is its share, not
+        // under-use, for a while (`noload::LONG_UNDER_USED_TICKS`).
+        let still_offered = self.offered >= STILL_OFFERED * self.held_peak;
         let full_rate = match self.config.max_inflight {
             Some(cap) => FULL_CONFIDENCE_RATE.min(f64::from(cap.get()) / target / 2.0),
             None => FULL_CONFIDENCE_RATE,
@@ -391,7 +387,7 @@ impl Controller {
                 inflight,
                 tick_mean,
                 utilisation: held_u,
-                utilisation_any_offer: held_u_any_offer,
+                still_offered,
                 smoothed: self.l,
                 target,
                 engaged: self.output.effort > 0.0 || over_cap,

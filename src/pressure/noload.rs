@@ -169,13 +169,11 @@ pub struct TickInput {
     /// Mean latency of the tick's samples, seconds (`None`: no samples).
     pub tick_mean: Option<f64>,
     /// Mean in-flight over the tick as a multiple of the share at the peak completion rate
-    /// held since shedding began; infinite while unknown or while the replica is offered
-    /// less than [`STILL_OFFERED`](super::STILL_OFFERED) of that peak (no under-use then,
-    /// but see [`TickInput::utilisation_any_offer`]).
+    /// held since shedding began; infinite while unknown.
     pub utilisation: f64,
-    /// The same reading whether or not the replica is still offered its peak; infinite while
-    /// unknown.
-    pub utilisation_any_offer: f64,
+    /// Whether the replica is still offered [`STILL_OFFERED`](super::STILL_OFFERED) of that
+    /// peak: if not, holding little is under-use only after [`LONG_UNDER_USED_TICKS`].
+    pub still_offered: bool,
     /// The smoothed latency, seconds.
     pub smoothed: f64,
     /// The latency target, seconds.
@@ -255,10 +253,10 @@ impl NoLoad {
             0
         };
         let shedding = t.engaged && t.share > 0.0;
+        let under_used = shedding && t.utilisation < UNDER_USED;
         self.under_used
-            .step(shedding && t.utilisation < UNDER_USED, t.smoothed);
-        self.long_under_used
-            .step(shedding && t.utilisation_any_offer < UNDER_USED, t.smoothed);
+            .step(under_used && t.still_offered, t.smoothed);
+        self.long_under_used.step(under_used, t.smoothed);
         let over_target = (self.under_used.ticks >= UNDER_USED_TICKS
             && self.under_used.mean() > OVER_TARGET * t.target)
             || (self.long_under_used.ticks >= LONG_UNDER_USED_TICKS
