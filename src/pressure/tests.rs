@@ -211,12 +211,12 @@ async fn few_slow_samples_are_noise() {
 /// seconds with one request in flight answered at 60 ms 20 times a second, while
 /// `decisions_per_tick` arrivals are offered each tick. Returns the state at the end.
 fn shed_to_one_in_flight(decisions_per_tick: u64) -> super::ControllerState {
-    shed_to_one_in_flight_for(decisions_per_tick, 3.0).0
+    shed_to_one_in_flight_for(decisions_per_tick, 60).0
 }
 
-/// [`shed_to_one_in_flight`] for `secs` seconds (a whole number of ticks); also returns the
+/// [`shed_to_one_in_flight`] for `ticks` ticks instead of three seconds' 60; also returns the
 /// pressure at the end.
-fn shed_to_one_in_flight_for(decisions_per_tick: u64, secs: f64) -> (super::ControllerState, f64) {
+fn shed_to_one_in_flight_for(decisions_per_tick: u64, ticks: u32) -> (super::ControllerState, f64) {
     let (mut c, mut now) = learned();
     let (n, _) = run(&mut c, now, 0.5, 20, samples(5, 120));
     now = n;
@@ -225,12 +225,6 @@ fn shed_to_one_in_flight_for(decisions_per_tick: u64, secs: f64) -> (super::Cont
         count: decisions_per_tick,
         sum: decisions_per_tick,
     };
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a non-negative number of ticks, saturating at u32::MAX"
-    )]
-    let ticks = (secs / TICK.as_secs_f64()).round() as u32;
     for _ in 0..ticks {
         now += TICK;
         c.update(now, 1, offered, samples(1, 60));
@@ -260,7 +254,7 @@ async fn fewer_arrivals_for_this_replica_are_not_under_use() {
     // The same, except that the replica is now offered less than it saw served (more
     // replicas share the arrivals): holding little is its share, and nothing is re-measured
     // short of LONG_UNDER_USED_TICKS (ten seconds; this runs nine).
-    let (state, _) = shed_to_one_in_flight_for(1, 9.0);
+    let (state, _) = shed_to_one_in_flight_for(1, 180);
     assert!(!state.noload_verified, "{state:?}");
 }
 
@@ -273,7 +267,7 @@ async fn an_upstream_left_slow_after_its_overload_is_re_measured_in_the_end() {
     // the pressure falls to what it says: 0.5 or less once the effort has unwound. (Before,
     // the effort stayed at its maximum and pressure at 0.99 for as long as the upstream
     // stayed slow.)
-    let (state, p) = shed_to_one_in_flight_for(1, 14.0);
+    let (state, p) = shed_to_one_in_flight_for(1, 280);
     assert!(state.noload_verified, "{state:?}");
     assert!(
         (state.noload_latency_ms.unwrap() - 60.0).abs() < 6.0,
