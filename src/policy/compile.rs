@@ -178,7 +178,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     }
 
     let mut streams = Vec::with_capacity(sf.streams.len());
-    let mut stream_index = HashMap::with_capacity(sf.streams.len());
+    let mut stream_index = Lookup::with_capacity_and_hasher(sf.streams.len(), Default::default());
     for (name, s) in sf.streams {
         let field = |f: &str| format!("streams.{name:?}.{f}");
         if !label_name_ok(&name) {
@@ -358,7 +358,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let (parsed_regions, region_positions) =
         super::regions::parse_regions(files, &af.areas, &areas_path)?;
     let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
-    let mut cells: HashMap<u64, AreaId> = HashMap::new();
+    let mut cells: Lookup<u64, AreaId> = Lookup::default();
     for (i, a) in af.areas.into_iter().enumerate() {
         let field = |f: &str| format!("areas[{i}].{f}");
         if !label_name_ok(&a.name) {

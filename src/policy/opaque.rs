@@ -1,11 +1,11 @@
 //! Opaque envelopes in policy checks: a stream that may receive an encrypted message, which
 //! can hold a never-shed event, must itself be never.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use super::{
-    Location, PolicyError, Route, StreamId, StreamPolicy, StreamSource, Supersession, Warning,
+    Location, Lookup, PolicyError, Route, StreamId, StreamPolicy, StreamSource, Supersession,
+    Warning,
 };
 use crate::extract::formats::Format;
 
@@ -16,7 +16,7 @@ use crate::extract::formats::Format;
 /// only the sender knows.
 pub(super) fn check_opaque(
     streams: &[StreamPolicy],
-    stream_index: &HashMap<String, StreamId>,
+    stream_index: &Lookup<String, StreamId>,
     routes: &[Route],
     path: &Path,
     warnings: &mut Vec<Warning>,

@@ -1,10 +1,11 @@
 //! Routes and content modes: how a route's or stream's format is read, with the policy's
 //! pointer overrides.
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use super::{Location, PolicyError, Route, RouteMode, StreamId, StreamSource, Warning, file};
+use super::{
+    Location, Lookup, PolicyError, Route, RouteMode, StreamId, StreamSource, Warning, file,
+};
 use crate::extract::formats::{ContentMode, Format, PresetStream};
 use crate::extract::{Extractor, JsonPointer, Shape};
 
@@ -52,7 +53,7 @@ fn override_pointers(
 
 pub(super) fn compile_routes(
     sections: Vec<file::RouteSection>,
-    streams: &HashMap<String, StreamId>,
+    streams: &Lookup<String, StreamId>,
     path: &Path,
     text: &str,
     warnings: &mut Vec<Warning>,
