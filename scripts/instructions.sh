@@ -13,7 +13,8 @@
 # Usage (from the project root, after `cargo build --release`):
 #   scripts/instructions.sh [--requests N] [--never] [--no-nginx] [--bin PATH]
 # --bin counts another shedgate binary (a build to compare with; default
-# target/release/shedgate).
+# target/release/shedgate), or the floor (target/release/examples/floor, README "Benchmarks").
+# Each line and profile is named after the binary's file name.
 # --never counts the `never` path (the stream classified never: streamed, unread).
 # Needs valgrind, nginx (`apt-get install valgrind nginx-light`) and oha (`cargo install oha`).
 # Writes the callgrind profiles under $TMPDIR/shedgate-instructions (`callgrind_annotate`
@@ -80,7 +81,7 @@ count() {
     sleep 0.2
   done
   # Nothing shed: the pressure is pinned at 0 (shedgate's admin API; nginx has none).
-  if [ "$name" = shedgate ]; then
+  if [ "$port" = 18083 ]; then
     curl -s -o /dev/null -X PUT -H 'content-type: application/json' -d '{"pin":0}' \
       http://127.0.0.1:19083/pressure
   fi
@@ -98,7 +99,7 @@ count() {
   echo "$name: $((ir / N)) instructions per request ($N requests; profile $f)"
 }
 
-count shedgate 18083 "$BIN" serve --listen 127.0.0.1:18083 \
+count "$(basename "$BIN")" 18083 "$BIN" serve --listen 127.0.0.1:18083 \
   --admin-listen 127.0.0.1:19083 --upstream http://127.0.0.1:18080 --policies "$POL" \
   --max-inflight 4096
 if [ "$NGINX" = 1 ]; then
