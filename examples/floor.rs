@@ -1,14 +1,18 @@
 //! The floor: a bare forwarder built from the same libraries as shedgate (tokio's
 //! multi-thread runtime, hyper's HTTP/1 server and `client::conn`, jemalloc), with none of
-//! shedgate's work: no admission decision, no framing guard, no header hygiene, no timeouts,
-//! no metrics. What it costs per request is what these libraries cost, the least any proxy
-//! built on them can spend (README "Benchmarks", "Instructions per request").
+//! shedgate's work: no admission decision, no framing guard, no timeouts, no metrics, and no
+//! header hygiene (it forwards every header as it came, hop-by-hop ones included, which RFC
+//! 9110 section 7.6.1 forbids a proxy: it is a measuring tool, not a proxy to run). Its
+//! connection pool is shedgate's (`upstream::pool`) without the retry and the reaper. What it
+//! costs per request is what this design on these libraries costs before any of shedgate's
+//! work (README "Benchmarks", "The floor").
 //!
 //! It takes shedgate's `serve` arguments so that `scripts/instructions.sh --bin` can count
 //! it: `--listen ADDR`, `--upstream http://HOST:PORT`, and `--admin-listen ADDR`, where every
 //! request is answered `204` (the script pins shedgate's pressure there); the others are
-//! ignored. With `--collect` (or `FLOOR_COLLECT=1` in the environment) the request body is read whole before it is forwarded (what
-//! shedgate does on the sheddable path), else it is streamed (the `never` path).
+//! ignored. With `--collect` (or `FLOOR_COLLECT=1` in the environment) the request body is
+//! read whole before it is forwarded (what shedgate does on the sheddable path), else it is
+//! streamed (the `never` path); `scripts/instructions.sh` sets it to match the path it counts.
 //!
 //! Run: `cargo build --release --example floor`, then
 //! `scripts/instructions.sh --no-nginx --bin target/release/examples/floor`.
@@ -105,8 +109,7 @@ async fn forward(
         body.boxed_unsync()
     };
     let req = Request::from_parts(parts, body);
-    let popped = idle.lock().ok().and_then(|mut v| v.pop());
-    let mut sender = match popped {
+    let mut sender = match checkout(&idle).await {
         Some(s) => s,
         None => match connect(&upstream).await {
             Ok(s) => s,
@@ -123,6 +126,16 @@ async fn forward(
             .boxed_unsync()
         })),
         Err(_) => Ok(status(502)),
+    }
+}
+
+/// The most recently used idle connection that is still ready, as shedgate's pool checks.
+async fn checkout(idle: &Idle) -> Option<SendRequest<Forwarded>> {
+    loop {
+        let mut sender = idle.lock().ok()?.pop()?;
+        if !sender.is_closed() && sender.ready().await.is_ok() {
+            return Some(sender);
+        }
     }
 }
 
@@ -148,13 +161,27 @@ struct GiveBack {
 }
 
 impl GiveBack {
+    /// Back on the stack now if ready, else once it is, as shedgate's pool does.
     fn give_back(&mut self) {
-        if let Some(sender) = self.sender.take()
-            && sender.is_ready()
-            && let Ok(mut idle) = self.idle.lock()
-        {
-            idle.push(sender);
+        let Some(mut sender) = self.sender.take() else {
+            return;
+        };
+        let idle = self.idle.clone();
+        if sender.is_ready() {
+            push(&idle, sender);
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    push(&idle, sender);
+                }
+            });
         }
+    }
+}
+
+fn push(idle: &Idle, sender: SendRequest<Forwarded>) {
+    if let Ok(mut idle) = idle.lock() {
+        idle.push(sender);
     }
 }
 

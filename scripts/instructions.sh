@@ -10,7 +10,8 @@
 # keep-alive connections: 1,000 to warm up, then the counters are zeroed and N more are
 # counted. Loopback only; bounded in count.
 #
-# Usage (from the project root, after `cargo build --release`):
+# Usage (from the project root, after `cargo build --release`, and `cargo build --release
+# --example floor` for the floor):
 #   scripts/instructions.sh [--requests N] [--never] [--no-nginx] [--bin PATH]
 # --bin counts another shedgate binary (a build to compare with; default
 # target/release/shedgate), or the floor (target/release/examples/floor, README "Benchmarks").
@@ -54,6 +55,9 @@ mkdir -p "$OUT/upstream/logs" "$OUT/upstream/tmp" "$OUT/proxy/logs" "$OUT/proxy/
 POL="$OUT/policies"
 scripts/bench-policies.sh "$POL" $([ "$NEVER" = 1 ] && echo --never)
 BODY='{"device_id":"veh-0042","fleet_id":"fleet-berlin-07","lat":52.520008,"lon":13.404954,"occurred_at":"2026-11-29T12:00:00Z","speed_kmh":41.5,"heading_deg":187.0,"odometer_km":128734.2,"battery_pct":76,"ignition":true,"driver_id":"drv-1187","trip_id":"trip-20261129-0042-03","seq":981234,"source":"telematics-gw-3"}'
+
+# The floor (examples/floor.rs) reads the body whole unless the `never` path is counted.
+export FLOOR_COLLECT=$([ "$NEVER" = 1 ] && echo 0 || echo 1)
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
