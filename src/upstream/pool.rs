@@ -14,7 +14,7 @@
 //! sent again on another connection; nothing that may have reached the upstream is resent.
 //!
 //! The legacy client's dispatch was the largest shedgate-side symbol in the throughput
-//! profile (README "Benchmarks" has the before and after).
+//! profile (docs/benchmark-history.md, "Per request", has the before and after).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
