@@ -13,6 +13,7 @@
 //! ignored. With `--collect` (or `FLOOR_COLLECT=1` in the environment) the request body is
 //! read whole before it is forwarded (what shedgate does on the sheddable path), else it is
 //! streamed (the `never` path); `scripts/instructions.sh` sets it to match the path it counts.
+//! With `FLOOR_RUNTIME=current` it runs on tokio's current-thread runtime instead.
 //!
 //! Run: `cargo build --release --example floor`, then
 //! `scripts/instructions.sh --no-nginx --bin target/release/examples/floor`.
@@ -52,32 +53,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let admin = arg(&args, "--admin-listen");
     let collect = args.iter().any(|a| a == "--collect")
         || std::env::var_os("FLOOR_COLLECT").is_some_and(|v| v == "1");
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(async move {
-            if let Some(admin) = admin {
-                let admin = TcpListener::bind(admin).await?;
-                tokio::spawn(async move {
-                    while let Ok((stream, _)) = admin.accept().await {
-                        tokio::spawn(serve(stream, |_| async {
-                            let mut r = Response::new(Forwarded::default());
-                            *r.status_mut() = hyper::StatusCode::NO_CONTENT;
-                            Ok::<_, Infallible>(r)
-                        }));
-                    }
-                });
-            }
-            let listener = TcpListener::bind(listen).await?;
-            let idle: Idle = Arc::default();
-            loop {
-                let (stream, _) = listener.accept().await?;
-                let (idle, upstream) = (idle.clone(), upstream.clone());
-                tokio::spawn(serve(stream, move |req| {
-                    forward(req, idle.clone(), upstream.clone(), collect)
-                }));
-            }
-        })
+    // `FLOOR_RUNTIME=current`: tokio's current-thread runtime (one thread, no work
+    // stealing), the design of one runtime per core.
+    let mut runtime = match std::env::var("FLOOR_RUNTIME").as_deref() {
+        Ok("current") => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    runtime.enable_all().build()?.block_on(async move {
+        if let Some(admin) = admin {
+            let admin = TcpListener::bind(admin).await?;
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = admin.accept().await {
+                    tokio::spawn(serve(stream, |_| async {
+                        let mut r = Response::new(Forwarded::default());
+                        *r.status_mut() = hyper::StatusCode::NO_CONTENT;
+                        Ok::<_, Infallible>(r)
+                    }));
+                }
+            });
+        }
+        let listener = TcpListener::bind(listen).await?;
+        let idle: Idle = Arc::default();
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let (idle, upstream) = (idle.clone(), upstream.clone());
+            tokio::spawn(serve(stream, move |req| {
+                forward(req, idle.clone(), upstream.clone(), collect)
+            }));
+        }
+    })
 }
 
 async fn serve<F, Fut>(stream: TcpStream, f: F)
