@@ -11,7 +11,9 @@
 //!   learned too: at rest nothing tells it from a slower upstream (README "Benchmarks", the
 //!   1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
-//!   as Little's law says the slower service holds, and the learning resumes.
+//!   as Little's law says the slower service holds, and the learning resumes. For
+//!   [`REST_HOLD_TICKS`] after the loop was engaged it does not rise: a replica just back at
+//!   rest may be one whose fleet still holds a queue.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
 //!   its concurrency share for a whole second: the queue is gone, so the latency it measures
 //!   is the upstream's own. This is Envoy `adaptive_concurrency`'s minRTT window (concurrency
@@ -49,6 +51,22 @@ pub const GROWTH_TICKS: usize = 10;
 /// [`GROWTH_TICKS`] apart) sees that step for at most [`GROWTH_TICKS`] ticks plus the
 /// transition; a queue filling keeps growing. 800 ms.
 pub const SUSTAINED_TICKS: u32 = 16;
+/// Ticks after the loop was last engaged during which learning at rest does not raise the
+/// no-load latency: two seconds (it may still fall at once). A replica whose effort unwound
+/// to 0 while its fleet still held a queue (the dip that replicas joining an overload make
+/// when they over-shed) holds a fraction of the fleet's in-flight requests, short of the rest
+/// reference, so its effort may not start again; learning at rest, it took the fleet's queue
+/// for the upstream's own latency and held it for the rest of the overload. In the
+/// simulator, the replica count going 2 -> 8 -> 3 at 3x (`tests/proxy/replicas.rs`, seeds
+/// 1-12 and 32): the 3-replica phase's p99 median 90 -> 63 ms, its worst 839 -> 174 ms, and 5
+/// seeds of 13 meeting every range instead of 3; two seeds got worse (90 -> 124 and
+/// 67 -> 128 ms). The cost is a slower upstream learned up to two seconds later after an
+/// overload: slowdowns of 1.4x and 1.8x (28 and 36 ms against a 30 ms target) starting
+/// 0.1, 0.5 and 1 s after a 1.5x overload, three seeds each, ran the same with the hold as
+/// without; held five seconds, the 1.8x slowdown from 0.5 s after was shed 31% for nine
+/// seconds at one seed.
+pub const REST_HOLD_TICKS: u32 = 40;
+
 /// Mean in-flight over the learned share (peak completion rate times no-load latency) under
 /// which, for a whole second of shedding ([`UNDER_USED_TICKS`]), the upstream is under-used:
 /// the loop holds a queue (1 to 1.25 times the share), so shedding with less than half of the
@@ -120,6 +138,8 @@ pub struct NoLoad {
     long_under_used: Streak,
     /// Set when the reference was re-measured under load (read once).
     relearned: bool,
+    /// Ticks since the loop was last engaged (`u32::MAX`: never), for [`REST_HOLD_TICKS`].
+    since_engaged: u32,
 }
 
 impl Default for NoLoad {
@@ -133,6 +153,7 @@ impl Default for NoLoad {
             under_used: Streak::default(),
             long_under_used: Streak::default(),
             relearned: false,
+            since_engaged: u32::MAX,
         }
     }
 }
@@ -279,11 +300,13 @@ impl NoLoad {
         };
         // Under load it moves only when the upstream is seen under-used (above).
         if t.engaged {
+            self.since_engaged = 0;
             return;
         }
+        self.since_engaged = self.since_engaged.saturating_add(1);
         if t.smoothed > 0.0 && t.smoothed < value {
             self.value = Some(t.smoothed);
-        } else if !growing {
+        } else if !growing && self.since_engaged >= REST_HOLD_TICKS {
             let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();
             self.value = Some(value + a * (t.smoothed - value));
         }

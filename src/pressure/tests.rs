@@ -317,6 +317,46 @@ async fn a_second_of_calm_answers_is_calm() {
     assert!(!c.state(1).cold, "{:?}", c.state(1));
 }
 
+#[test]
+fn learning_at_rest_waits_after_the_loop_was_engaged() {
+    use super::noload::{NoLoad, TickInput};
+    let tick = TICK.as_secs_f64();
+    let at = |latency: f64, engaged: bool| TickInput {
+        inflight: 2,
+        tick_mean: Some(latency),
+        utilisation: 1.0,
+        still_offered: true,
+        smoothed: latency,
+        target: 0.05,
+        engaged,
+        share: 2.0,
+        cold: false,
+    };
+    let mut n = NoLoad::default();
+    for _ in 0..40 {
+        n.update(at(0.02, false), tick);
+    }
+    assert_eq!(n.value(), Some(0.02));
+    // Shedding while the fleet's queue holds 45 ms, then back at rest with it still there:
+    // the queue is not learned as the no-load latency within the hold.
+    for _ in 0..20 {
+        n.update(at(0.045, true), tick);
+    }
+    // 1.9 s at rest (the hold is two seconds; LEARN_TAU would learn it in about one).
+    for _ in 0..38 {
+        n.update(at(0.045, false), tick);
+    }
+    assert_eq!(n.value(), Some(0.02));
+    // It still falls at once, and after the hold it rises again: a slower upstream is
+    // learned, two seconds late.
+    n.update(at(0.015, false), tick);
+    assert_eq!(n.value(), Some(0.015));
+    for _ in 0..40 {
+        n.update(at(0.045, false), tick);
+    }
+    assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
+}
+
 proptest::proptest! {
     /// Pressure is non-decreasing in the in-flight count and has no cliff: one more request
     /// in flight moves the load index by at most three times PROPORTIONAL_GAIN / share (the
