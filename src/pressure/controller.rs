@@ -391,6 +391,7 @@ impl Controller {
                 smoothed: self.l,
                 target,
                 engaged: self.output.effort > 0.0 || over_cap,
+                effort: self.output.effort > 0.0,
                 share: self.output.share,
                 cold: !self.seen_calm,
             },

@@ -51,20 +51,23 @@ pub const GROWTH_TICKS: usize = 10;
 /// [`GROWTH_TICKS`] apart) sees that step for at most [`GROWTH_TICKS`] ticks plus the
 /// transition; a queue filling keeps growing. 800 ms.
 pub const SUSTAINED_TICKS: u32 = 16;
-/// Ticks after the loop was last engaged during which learning at rest does not raise the
-/// no-load latency: two seconds (it may still fall at once). A replica whose effort unwound
-/// to 0 while its fleet still held a queue (the dip that replicas joining an overload make
-/// when they over-shed) holds a fraction of the fleet's in-flight requests, short of the rest
-/// reference, so its effort may not start again; learning at rest, it took the fleet's queue
-/// for the upstream's own latency and held it for the rest of the overload. In the
-/// simulator, the replica count going 2 -> 8 -> 3 at 3x (`tests/proxy/replicas.rs`, seeds
-/// 1-12 and 32): the 3-replica phase's p99 median 90 -> 63 ms, its worst 839 -> 174 ms, and 5
-/// seeds of 13 meeting every range instead of 3; two seeds got worse (90 -> 124 and
-/// 67 -> 128 ms). The cost is a slower upstream learned up to two seconds later after an
-/// overload: slowdowns of 1.4x and 1.8x (28 and 36 ms against a 30 ms target) starting
-/// 0.1, 0.5 and 1 s after a 1.5x overload, three seeds each, ran the same with the hold as
-/// without; held five seconds, the 1.8x slowdown from 0.5 s after was shed 31% for nine
-/// seconds at one seed.
+/// Ticks after the loop last shed with an effort during which learning at rest does not raise
+/// the no-load latency: two seconds, counted in ticks with answers or without (it may still
+/// fall at once). The safety cap's term alone does not start the wait: with in-flight
+/// flickering around the cap's reference, learning at rest would otherwise never resume. A
+/// replica whose effort unwound to 0 while its fleet still held a queue (the dip that replicas
+/// joining an overload make when they over-shed) holds a fraction of the fleet's in-flight
+/// requests, short of the rest reference, so its effort may not start again; learning at rest,
+/// it took the fleet's queue for the upstream's own latency and held it for the rest of the
+/// overload. In the simulator, the replica count going 2 -> 8 -> 3 at 3x
+/// (`tests/proxy/replicas.rs`, seeds 1-12 and 32): the 3-replica phase's p99 median 90 -> 63
+/// ms, its worst 839 -> 174 ms, and 5 seeds of 13 meeting every range instead of 3; two seeds
+/// got worse (90 -> 124 and 67 -> 128 ms). The cost is a slower upstream learned up to two
+/// seconds later after an overload: slowdowns of 1.4x and 1.8x (28 and 36 ms against a 30 ms
+/// target) starting 0.1, 0.5 and 1 s after a 1.5x overload, three seeds each, ran the same with
+/// the hold as without (2 -> 8 -> 3 and every other simulator figure are the same whether the
+/// wait counts every tick or only ticks with answers); held five seconds, the 1.8x slowdown
+/// from 0.5 s after was shed 31% for nine seconds at one seed.
 pub const REST_HOLD_TICKS: u32 = 40;
 
 /// Mean in-flight over the learned share (peak completion rate times no-load latency) under
@@ -138,8 +141,9 @@ pub struct NoLoad {
     long_under_used: Streak,
     /// Set when the reference was re-measured under load (read once).
     relearned: bool,
-    /// Ticks since the loop was last engaged (`u32::MAX`: never), for [`REST_HOLD_TICKS`].
-    since_engaged: u32,
+    /// Ticks since the loop last shed with an effort (`u32::MAX`: never), for
+    /// [`REST_HOLD_TICKS`].
+    since_effort: u32,
 }
 
 impl Default for NoLoad {
@@ -153,7 +157,7 @@ impl Default for NoLoad {
             under_used: Streak::default(),
             long_under_used: Streak::default(),
             relearned: false,
-            since_engaged: u32::MAX,
+            since_effort: u32::MAX,
         }
     }
 }
@@ -203,6 +207,9 @@ pub struct TickInput {
     /// in-flight past the safety cap's reference (`SETPOINT` times `--max-inflight`), where
     /// the cap term sheds with no effort. Not rest either way.
     pub engaged: bool,
+    /// Whether a shedding effort was built before this tick (the cap term alone does not
+    /// count): learning at rest waits [`REST_HOLD_TICKS`] after the last such tick.
+    pub effort: bool,
     /// The learned concurrency share, requests (0: unknown).
     pub share: f64,
     /// Whether the replica has not yet seen its upstream calm (it steers on latency alone).
@@ -264,6 +271,11 @@ impl NoLoad {
 
     /// Folds in one tick; `dt` is the time since the previous one, seconds.
     pub fn update(&mut self, t: TickInput, dt: f64) {
+        self.since_effort = if t.effort {
+            0
+        } else {
+            self.since_effort.saturating_add(1)
+        };
         self.history.rotate_left(1);
         self.history[GROWTH_TICKS - 1] = t.inflight;
         self.filled = (self.filled + 1).min(GROWTH_TICKS);
@@ -300,13 +312,11 @@ impl NoLoad {
         };
         // Under load it moves only when the upstream is seen under-used (above).
         if t.engaged {
-            self.since_engaged = 0;
             return;
         }
-        self.since_engaged = self.since_engaged.saturating_add(1);
         if t.smoothed > 0.0 && t.smoothed < value {
             self.value = Some(t.smoothed);
-        } else if !growing && self.since_engaged >= REST_HOLD_TICKS {
+        } else if !growing && self.since_effort >= REST_HOLD_TICKS {
             let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();
             self.value = Some(value + a * (t.smoothed - value));
         }

@@ -329,6 +329,7 @@ fn learning_at_rest_waits_after_the_loop_was_engaged() {
         smoothed: latency,
         target: 0.05,
         engaged,
+        effort: engaged,
         share: 2.0,
         cold: false,
     };
@@ -353,6 +354,34 @@ fn learning_at_rest_waits_after_the_loop_was_engaged() {
     assert_eq!(n.value(), Some(0.015));
     for _ in 0..40 {
         n.update(at(0.045, false), tick);
+    }
+    assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
+}
+
+#[test]
+fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
+    use super::noload::{NoLoad, TickInput};
+    let tick = TICK.as_secs_f64();
+    // In-flight around the cap's reference: the cap term sheds every fifth tick, with no
+    // effort. A slower upstream (20 -> 45 ms) is still learned at rest in between.
+    let at = |latency: f64, over_cap: bool| TickInput {
+        inflight: 2,
+        tick_mean: Some(latency),
+        utilisation: 1.0,
+        still_offered: true,
+        smoothed: latency,
+        target: 0.05,
+        engaged: over_cap,
+        effort: false,
+        share: 2.0,
+        cold: false,
+    };
+    let mut n = NoLoad::default();
+    for _ in 0..40 {
+        n.update(at(0.02, false), tick);
+    }
+    for i in 0..60 {
+        n.update(at(0.045, i % 5 == 0), tick);
     }
     assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
 }
