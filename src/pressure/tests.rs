@@ -317,11 +317,11 @@ async fn a_second_of_calm_answers_is_calm() {
     assert!(!c.state(1).cold, "{:?}", c.state(1));
 }
 
-#[test]
-fn learning_at_rest_waits_after_the_loop_was_engaged() {
-    use super::noload::{NoLoad, TickInput};
-    let tick = TICK.as_secs_f64();
-    let at = |latency: f64, engaged: bool| TickInput {
+/// One tick for the no-load learner: 2 requests in flight, a share of 2, latency `latency`
+/// (seconds, the tick's mean and the smoothed one alike) against a 50 ms target; `engaged`
+/// and `effort` as the controller passes them.
+fn learner_tick(latency: f64, engaged: bool, effort: bool) -> super::noload::TickInput {
+    super::noload::TickInput {
         inflight: 2,
         tick_mean: Some(latency),
         utilisation: 1.0,
@@ -329,59 +329,48 @@ fn learning_at_rest_waits_after_the_loop_was_engaged() {
         smoothed: latency,
         target: 0.05,
         engaged,
-        effort: engaged,
+        effort,
         share: 2.0,
         cold: false,
-    };
-    let mut n = NoLoad::default();
-    for _ in 0..40 {
-        n.update(at(0.02, false), tick);
     }
+}
+
+/// Feeds `ticks` ticks of `latency` (seconds) to a no-load learner, `engaged` and `effort`
+/// as the controller passes them.
+fn feed(n: &mut super::noload::NoLoad, ticks: u32, latency: f64, engaged: bool, effort: bool) {
+    for _ in 0..ticks {
+        n.update(learner_tick(latency, engaged, effort), TICK.as_secs_f64());
+    }
+}
+
+#[test]
+fn learning_at_rest_waits_after_the_loop_was_engaged() {
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
     assert_eq!(n.value(), Some(0.02));
     // Shedding while the fleet's queue holds 45 ms, then back at rest with it still there:
-    // the queue is not learned as the no-load latency within the hold.
-    for _ in 0..20 {
-        n.update(at(0.045, true), tick);
-    }
-    // 1.9 s at rest (the hold is two seconds; LEARN_TAU would learn it in about one).
-    for _ in 0..38 {
-        n.update(at(0.045, false), tick);
-    }
+    // the queue is not learned as the no-load latency within the hold. 1.9 s at rest (the
+    // hold is two seconds; LEARN_TAU would learn it in about one).
+    feed(&mut n, 20, 0.045, true, true);
+    feed(&mut n, 38, 0.045, false, false);
     assert_eq!(n.value(), Some(0.02));
     // It still falls at once, and after the hold it rises again: a slower upstream is
     // learned, two seconds late.
-    n.update(at(0.015, false), tick);
+    feed(&mut n, 1, 0.015, false, false);
     assert_eq!(n.value(), Some(0.015));
-    for _ in 0..40 {
-        n.update(at(0.045, false), tick);
-    }
+    feed(&mut n, 40, 0.045, false, false);
     assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
 }
 
 #[test]
 fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
-    use super::noload::{NoLoad, TickInput};
-    let tick = TICK.as_secs_f64();
-    // In-flight around the cap's reference: the cap term sheds every fifth tick, with no
+    // In-flight around the cap's reference: the cap term sheds one tick in five, with no
     // effort. A slower upstream (20 -> 45 ms) is still learned at rest in between.
-    let at = |latency: f64, over_cap: bool| TickInput {
-        inflight: 2,
-        tick_mean: Some(latency),
-        utilisation: 1.0,
-        still_offered: true,
-        smoothed: latency,
-        target: 0.05,
-        engaged: over_cap,
-        effort: false,
-        share: 2.0,
-        cold: false,
-    };
-    let mut n = NoLoad::default();
-    for _ in 0..40 {
-        n.update(at(0.02, false), tick);
-    }
-    for i in 0..60 {
-        n.update(at(0.045, i % 5 == 0), tick);
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    for _ in 0..12 {
+        feed(&mut n, 1, 0.045, true, false);
+        feed(&mut n, 4, 0.045, false, false);
     }
     assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
 }
