@@ -12,8 +12,8 @@
 //!   1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
 //!   as Little's law says the slower service holds, and the learning resumes. For
-//!   [`REST_HOLD_TICKS`] after the loop was engaged it does not rise: a replica just back at
-//!   rest may be one whose fleet still holds a queue.
+//!   [`REST_HOLD_TICKS`] after the loop last shed with an effort it does not rise: a replica
+//!   just back at rest may be one whose fleet still holds a queue.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
 //!   its concurrency share for a whole second: the queue is gone, so the latency it measures
 //!   is the upstream's own. This is Envoy `adaptive_concurrency`'s minRTT window (concurrency

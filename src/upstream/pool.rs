@@ -124,11 +124,7 @@ impl Pool {
         loop {
             let (mut sender, reused) = match self.checkout().await {
                 Some(sender) => (sender, true),
-                // Boxed: the rare connect's state (name resolution, the connect attempts, the
-                // handshake) would otherwise be moved with every request's future (this
-                // one 928 -> 816 bytes; 63,515-63,548 -> 63,369-63,381 instructions per
-                // request, `scripts/instructions.sh`).
-                None => (Box::pin(self.connect()).await?, false),
+                None => (self.connect().await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(response) => {
