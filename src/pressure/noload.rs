@@ -203,13 +203,13 @@ pub struct TickInput {
     pub smoothed: f64,
     /// The latency target, seconds.
     pub target: f64,
-    /// Whether the loop sheds: a shedding effort built before this tick, or the mean
-    /// in-flight past the safety cap's reference (`SETPOINT` times `--max-inflight`), where
-    /// the cap term sheds with no effort. Not rest either way.
-    pub engaged: bool,
-    /// Whether a shedding effort was built before this tick (the cap term alone does not
-    /// count): learning at rest waits [`REST_HOLD_TICKS`] after the last such tick.
+    /// Whether a shedding effort was built before this tick: learning at rest waits
+    /// [`REST_HOLD_TICKS`] after the last such tick.
     pub effort: bool,
+    /// Whether the mean in-flight is past the safety cap's reference (`SETPOINT` times
+    /// `--max-inflight`), where the cap term sheds with no effort. With an effort, the loop is
+    /// engaged (sheds): not rest either way; the cap alone does not start the wait.
+    pub over_cap: bool,
     /// The learned concurrency share, requests (0: unknown).
     pub share: f64,
     /// Whether the replica has not yet seen its upstream calm (it steers on latency alone).
@@ -285,7 +285,8 @@ impl NoLoad {
         } else {
             0
         };
-        let shedding = t.engaged && t.share > 0.0;
+        let engaged = t.effort || t.over_cap;
+        let shedding = engaged && t.share > 0.0;
         let under_used = shedding && t.utilisation < UNDER_USED;
         self.under_used
             .step(under_used && t.still_offered, t.smoothed);
@@ -311,7 +312,7 @@ impl NoLoad {
             return;
         };
         // Under load it moves only when the upstream is seen under-used (above).
-        if t.engaged {
+        if engaged {
             return;
         }
         if t.smoothed > 0.0 && t.smoothed < value {

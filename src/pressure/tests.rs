@@ -318,9 +318,9 @@ async fn a_second_of_calm_answers_is_calm() {
 }
 
 /// One tick for the no-load learner: 2 requests in flight, a share of 2, latency `latency`
-/// (seconds, the tick's mean and the smoothed one alike) against a 50 ms target; `engaged`
-/// and `effort` as the controller passes them.
-fn learner_tick(latency: f64, engaged: bool, effort: bool) -> super::noload::TickInput {
+/// (seconds, the tick's mean and the smoothed one alike) against a 50 ms target; `effort`
+/// and `over_cap` as the controller passes them.
+fn learner_tick(latency: f64, effort: bool, over_cap: bool) -> super::noload::TickInput {
     super::noload::TickInput {
         inflight: 2,
         tick_mean: Some(latency),
@@ -328,18 +328,18 @@ fn learner_tick(latency: f64, engaged: bool, effort: bool) -> super::noload::Tic
         still_offered: true,
         smoothed: latency,
         target: 0.05,
-        engaged,
         effort,
+        over_cap,
         share: 2.0,
         cold: false,
     }
 }
 
-/// Feeds `ticks` ticks of `latency` (seconds) to a no-load learner, `engaged` and `effort`
+/// Feeds `ticks` ticks of `latency` (seconds) to a no-load learner, `effort` and `over_cap`
 /// as the controller passes them.
-fn feed(n: &mut super::noload::NoLoad, ticks: u32, latency: f64, engaged: bool, effort: bool) {
+fn feed(n: &mut super::noload::NoLoad, ticks: u32, latency: f64, effort: bool, over_cap: bool) {
     for _ in 0..ticks {
-        n.update(learner_tick(latency, engaged, effort), TICK.as_secs_f64());
+        n.update(learner_tick(latency, effort, over_cap), TICK.as_secs_f64());
     }
 }
 
@@ -351,7 +351,7 @@ fn learning_at_rest_waits_after_the_loop_was_engaged() {
     // Shedding while the fleet's queue holds 45 ms, then back at rest with it still there:
     // the queue is not learned as the no-load latency within the hold. 1.9 s at rest (the
     // hold is two seconds; LEARN_TAU would learn it in about one).
-    feed(&mut n, 20, 0.045, true, true);
+    feed(&mut n, 20, 0.045, true, false);
     feed(&mut n, 38, 0.045, false, false);
     assert_eq!(n.value(), Some(0.02));
     // It still falls at once, and after the hold it rises again: a slower upstream is
@@ -369,7 +369,7 @@ fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
     for _ in 0..12 {
-        feed(&mut n, 1, 0.045, true, false);
+        feed(&mut n, 1, 0.045, false, true);
         feed(&mut n, 4, 0.045, false, false);
     }
     assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
