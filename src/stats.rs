@@ -149,10 +149,7 @@ impl Window {
 
     fn rate(&mut self) {
         let seen = self.accepted + self.shed_total;
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "counts per minute stay far below 2^52"
-        )]
+        #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
         let rate = if seen == 0 {
             0.0
         } else {

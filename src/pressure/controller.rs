@@ -90,10 +90,7 @@ impl Output {
     /// second is a rate the upstream serves at now, so a burst beyond anything this replica
     /// saw before is known to be served within milliseconds, not at the next tick. Only the
     /// gate's prediction reads it.
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "a sample count of one tick, far below 2^52"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "a tick's count, below 2^52")]
     pub fn pressure_at(&self, inflight: u32, completed: u64, since: Duration) -> f64 {
         let n = f64::from(inflight);
         let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);

@@ -35,11 +35,8 @@ fn run(
     latency: LatencyWindow,
 ) -> (Instant, f64) {
     let mut now = start;
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a non-negative number of ticks, saturating at u32::MAX"
-    )]
+    #[expect(clippy::cast_sign_loss, reason = "secs is not negative")]
+    #[expect(clippy::cast_possible_truncation, reason = "saturates at u32::MAX")]
     let ticks = (secs / TICK.as_secs_f64()) as u32;
     let observed = InflightWindow {
         count: 1,
