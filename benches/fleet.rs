@@ -1,0 +1,233 @@
+//! Fleet sweep: the multi-replica scenarios of `tests/proxy/replicas.rs` run over many seeds
+//! (arrivals, traffic mix draws, spread and service times redrawn), in-process under paused
+//! time, as the tests run them. A test asserts its seeds; this measures how a change moves the
+//! whole distribution, since the fleet's figures at one seed can move either way by chance.
+//!
+//! Run: `cargo bench --bench fleet` (seeds 1–40, about 25 seconds once built), or with
+//! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others. Prints, per
+//! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
+//! admitted p99 (or shed share), their median and worst, and per scenario how many seeds met
+//! its ranges in every phase (the issue's: goodput at least 95%, p99 at most twice the 30 ms
+//! target). The scenarios:
+//!
+//! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
+//!   spread at random), phases 7–9 s, 10–14 s and 15–20 s;
+//! - 4 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
+//! - the other side of the same trade-off, one replica: the upstream 1.8 times slower (36 ms
+//!   mean, over the target) from 0.1, 0.5 or 1 s after a 1.5x overload ends, offered 0.35 of
+//!   the old load (63% of the slowed capacity) from then on. Slowness without a queue is not
+//!   overload: met when at most 1% of the sheddable events of 12–25 s is shed (a
+//!   replica that takes its fleet's queue for a slower upstream, or a slower upstream for a
+//!   queue, fails one side or the other).
+
+#![allow(missing_docs, reason = "a bench binary: its items are not an API")]
+#![allow(
+    clippy::cast_precision_loss,
+    reason = "a report of percentiles from counts that stay far below 2^52"
+)]
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shedgate::demo::sim::{
+    Figures, MIX, Phase, Replicas, Scenario, ServiceTime, Simulator, Spread, geographic_events,
+    run_scenario,
+};
+use shedgate::policy::Policy;
+use shedgate::pressure::ControllerConfig;
+
+/// The tests' upstream: 8 workers, uniform 10–30 ms (400 req/s), and their 30 ms target.
+const WORKERS: u32 = 8;
+const SERVICE: ServiceTime = ServiceTime::Uniform {
+    min: Duration::from_millis(10),
+    max: Duration::from_millis(30),
+};
+const TARGET: Duration = Duration::from_millis(30);
+/// The issue's ranges: goodput at least this share of capacity, p99 at most this many targets.
+const GOODPUT: f64 = 0.95;
+const P99_TARGETS: f64 = 2.0;
+/// Shed share of sheddable events at most which a slower upstream counts as not shed.
+const NOT_SHED: f64 = 0.01;
+
+/// What a phase must show.
+#[derive(Clone, Copy, PartialEq)]
+enum Check {
+    /// The upstream held full at the latency target: [`GOODPUT`] and [`P99_TARGETS`].
+    Held,
+    /// Nothing shed: at most [`NOT_SHED`].
+    NotShed,
+}
+
+struct Case {
+    name: String,
+    /// `(seconds, multiple of the upstream's capacity)`.
+    load: Vec<(u64, f64)>,
+    replicas: Replicas,
+    /// A change of the upstream's speed, if any.
+    slow: Option<Phase>,
+    phases: Vec<(&'static str, Range<usize>, Check)>,
+}
+
+fn cases() -> Vec<Case> {
+    let mut cases = vec![Case {
+        name: "replica count 2 -> 8 -> 3 during 3x".into(),
+        load: vec![(5, 0.8), (15, 3.0), (5, 0.8)],
+        replicas: Replicas {
+            steps: vec![
+                (Duration::ZERO, 2),
+                (Duration::from_secs(9), 8),
+                (Duration::from_secs(14), 3),
+            ],
+            spread: Spread::Random,
+        },
+        slow: None,
+        phases: vec![
+            ("2 replicas", 7..9, Check::Held),
+            ("8 replicas", 10..14, Check::Held),
+            ("3 replicas", 15..20, Check::Held),
+        ],
+    }];
+    for replicas in [4, 16] {
+        for factor in [3.0, 10.0] {
+            cases.push(Case {
+                name: format!("{replicas} replicas, {factor}x"),
+                load: vec![(5, 0.8), (12, factor), (5, 0.5)],
+                replicas: Replicas::fixed(replicas),
+                slow: None,
+                phases: vec![("steady", 7..17, Check::Held)],
+            });
+        }
+    }
+    for after_ms in [100, 500, 1_000] {
+        cases.push(Case {
+            name: format!("1 replica, upstream 1.8x slower {after_ms} ms after a 1.5x overload"),
+            load: vec![(5, 0.8), (5, 1.5), (15, 0.35)],
+            replicas: Replicas::one(),
+            slow: Some(Phase {
+                from: Duration::from_millis(10_000 + after_ms),
+                slowdown: 1.8,
+                fail_rate: 0.0,
+            }),
+            phases: vec![("slower", 12..25, Check::NotShed)],
+        });
+    }
+    cases
+}
+
+/// One run of `case` at `seed`: the figures of each phase.
+async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> Vec<Figures> {
+    let events = geographic_events(policy, MIX, 20_000, seed);
+    let sim = Simulator::new(WORKERS, SERVICE, case.slow.into_iter().collect(), seed);
+    let scenario = Scenario {
+        load: case
+            .load
+            .iter()
+            .map(|(s, f)| (Duration::from_secs(*s), *f))
+            .collect(),
+        controller: ControllerConfig {
+            max_inflight: None,
+            latency_target: TARGET,
+        },
+        timeout: Duration::from_secs(1),
+        seed,
+        replicas: case.replicas.clone(),
+    };
+    let seconds = run_scenario(&scenario, &sim, policy, &events).await;
+    case.phases
+        .iter()
+        .map(|(_, window, _)| Figures::of(&seconds, window.clone(), sim.capacity()))
+        .collect()
+}
+
+fn met(f: &Figures, check: Check) -> bool {
+    match check {
+        Check::Held => f.goodput >= GOODPUT && f.p99_ms <= P99_TARGETS * TARGET.as_secs_f64() * 1e3,
+        Check::NotShed => f.shed <= NOT_SHED,
+    }
+}
+
+/// `--seeds` and a list of seeds and inclusive ranges (`1-12,32`); default 1–40. Thirteen
+/// seeds were too few to rank two controllers: learning at rest held five seconds after the
+/// loop shed instead of two met the count change at as many of seeds 1–12 and 32 with a lower
+/// median p99, and at one fewer of 1–40 with the same median.
+fn seeds() -> Vec<u64> {
+    let mut args = std::env::args().skip_while(|a| a != "--seeds");
+    if args.next().is_none() {
+        return (1..=40).collect();
+    }
+    let spec = args.next().unwrap_or_default();
+    let parse = |s: &str| {
+        s.trim().parse::<u64>().unwrap_or_else(|_| {
+            panic!("--seeds {spec:?}: {s:?} is not a seed (a list like 1-12,32)")
+        })
+    };
+    let seeds: Vec<u64> = spec
+        .split(',')
+        .flat_map(|item| match item.split_once('-') {
+            Some((a, b)) => (parse(a)..=parse(b)).collect::<Vec<_>>(),
+            None => vec![parse(item)],
+        })
+        .collect();
+    assert!(!seeds.is_empty(), "--seeds {spec:?}: no seeds");
+    seeds
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let policy = Arc::new(shedgate::policy::load_dir(&dir).expect("policies/").policy);
+    let seeds = seeds();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    println!(
+        "seeds {seeds:?}; per seed: goodput % / admitted p99 ms (held: goodput >= {:.0}% and \
+         p99 <= {:.0} ms), or shed % (not shed: at most {:.0}%); met = every phase's",
+        GOODPUT * 100.0,
+        P99_TARGETS * TARGET.as_secs_f64() * 1e3,
+        NOT_SHED * 100.0
+    );
+    for case in cases() {
+        let runs: Vec<Vec<Figures>> = seeds
+            .iter()
+            .map(|&seed| runtime.block_on(run(&case, &policy, seed)))
+            .collect();
+        let met_all = runs
+            .iter()
+            .filter(|r| r.iter().zip(&case.phases).all(|(f, p)| met(f, p.2)))
+            .count();
+        println!("\n{}: met at {met_all} of {} seeds", case.name, seeds.len());
+        for (i, (phase, window, check)) in case.phases.iter().enumerate() {
+            let p99: Vec<f64> = runs.iter().map(|r| r[i].p99_ms).collect();
+            let goodput: Vec<f64> = runs.iter().map(|r| r[i].goodput * 100.0).collect();
+            let shed: Vec<f64> = runs.iter().map(|r| r[i].shed * 100.0).collect();
+            let each: Vec<String> = seeds
+                .iter()
+                .enumerate()
+                .map(|(k, s)| match check {
+                    Check::Held => format!("{s}: {:.1}/{:.0}", goodput[k], p99[k]),
+                    Check::NotShed => format!("{s}: shed {:.1}%", shed[k]),
+                })
+                .collect();
+            println!(
+                "  {phase} [{}..{} s]: p99 median {:.0} ms, worst {:.0} ms; goodput lowest \
+                 {:.1}%; shed median {:.1}%, most {:.1}%",
+                window.start,
+                window.end,
+                median(p99.clone()),
+                p99.iter().copied().fold(f64::MIN, f64::max),
+                goodput.iter().copied().fold(f64::MAX, f64::min),
+                median(shed.clone()),
+                shed.iter().copied().fold(f64::MIN, f64::max),
+            );
+            println!("    {}", each.join("  "));
+        }
+    }
+}
