@@ -3,7 +3,7 @@
 //! time, as the tests run them. A test asserts its seeds; this measures how a change moves the
 //! whole distribution, since the fleet's figures at one seed can move either way by chance.
 //!
-//! Run: `cargo bench --bench fleet` (seeds 1–40, about 25 seconds once built), or with
+//! Run: `cargo bench --bench fleet` (seeds 1–40, about 30 seconds once built), or with
 //! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others. Prints, per
 //! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
 //! admitted p99 (or shed share), their median and worst, and per scenario how many seeds met
@@ -13,6 +13,8 @@
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
 //!   spread at random), phases 7–9 s, 10–14 s and 15–20 s;
 //! - 4 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
+//! - one replica offered 1.02x and 1.05x of the upstream's capacity for 35 s, a mild
+//!   overload, phases 10–15 s and 30–40 s;
 //! - the other side of the same trade-off, one replica: the upstream 1.8 times slower (36 ms
 //!   mean, over the target) from 0.1, 0.5 or 1 s after a 1.5x overload ends, offered 0.35 of
 //!   the old load (63% of the slowed capacity) from then on. Slowness without a queue is not
@@ -98,6 +100,18 @@ fn cases() -> Vec<Case> {
                 phases: vec![("steady", 7..17, Check::Held)],
             });
         }
+    }
+    for factor in [1.02, 1.05] {
+        cases.push(Case {
+            name: format!("1 replica, {factor}x for 35 s (a mild overload)"),
+            load: vec![(5, 0.8), (35, factor)],
+            replicas: Replicas::one(),
+            slow: None,
+            phases: vec![
+                ("first seconds", 10..15, Check::Held),
+                ("later", 30..40, Check::Held),
+            ],
+        });
     }
     for after_ms in [100, 500, 1_000] {
         cases.push(Case {
