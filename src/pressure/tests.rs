@@ -372,6 +372,40 @@ fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
     assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
 }
 
+#[test]
+fn a_latency_that_keeps_rising_at_rest_is_a_queue_not_the_upstream() {
+    // 20 ms, then rising 1 ms a tick (a queue filling at 20 requests a second in front of a
+    // 400 req/s upstream adds 50 ms a second; this is slower) for 60 ticks, past the 50 ms
+    // target. Learning at rest follows for two seconds, then takes the rise back and lets the
+    // effort start.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    for k in 1..=39 {
+        feed(&mut n, 1, 0.02 + 0.001 * f64::from(k), false, false);
+    }
+    assert!(n.value().is_some_and(|v| v > 0.05), "{:?}", n.value());
+    assert!(!n.sustained_growth());
+    feed(&mut n, 1, 0.06, false, false);
+    assert_eq!(n.value(), Some(0.02));
+    assert!(n.sustained_growth());
+    // Until latency is back at the learned value.
+    feed(&mut n, 1, 0.02, false, false);
+    assert!(!n.sustained_growth());
+}
+
+#[test]
+fn a_slower_upstream_is_a_step_and_still_learned_at_rest() {
+    // 20 -> 60 ms at once (three times slower), held: learned within about a second, never
+    // taken back, no effort started.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    for _ in 0..100 {
+        feed(&mut n, 1, 0.06, false, false);
+        assert!(!n.sustained_growth(), "{:?}", n.value());
+    }
+    assert!(n.value().is_some_and(|v| v > 0.059), "{:?}", n.value());
+}
+
 proptest::proptest! {
     /// Pressure is non-decreasing in the in-flight count and has no cliff: one more request
     /// in flight moves the load index by at most three times PROPORTIONAL_GAIN / share (the
