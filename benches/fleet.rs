@@ -163,8 +163,9 @@ fn met(f: &Figures, check: Check) -> bool {
 
 /// `--seeds` and a list of seeds and inclusive ranges (`1-12,32`); default 1–40. Thirteen
 /// seeds were too few to rank two controllers: learning at rest held five seconds after the
-/// loop shed instead of two met the count change at as many of seeds 1–12 and 32 with a lower
-/// median p99, and at one fewer of 1–40 with the same median.
+/// loop shed instead of two met the count change at as many of seeds 1–12 and 32 (5) with a
+/// lower 3-replica p99 median (57 against 63 ms), and at one fewer of 1–40 (7 against 8) with
+/// about the same (79 against 78 ms).
 fn seeds() -> Vec<u64> {
     let mut args = std::env::args().skip_while(|a| a != "--seeds");
     if args.next().is_none() {
