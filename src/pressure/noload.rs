@@ -11,9 +11,9 @@
 //!   learned too: at rest nothing tells it from a slower upstream (README "Benchmarks", the
 //!   1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
-//!   as Little's law says the slower service holds, and the learning resumes. Nor is a
-//!   rise that goes on for [`RAMP_TICKS`]: a slower upstream is a step, learned within about
-//!   a second; a rise that lasts is a queue filling, taken back. For
+//!   as Little's law says the slower service holds, and the learning resumes. A slower
+//!   upstream is also a step, learned within about a second; a rise that goes on for
+//!   [`RAMP_TICKS`] is a queue filling, and is taken back. For
 //!   [`REST_HOLD_TICKS`] after the loop last shed with an effort it does not rise: a replica
 //!   just back at rest may be one whose fleet still holds a queue.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
@@ -59,19 +59,23 @@ pub const SUSTAINED_TICKS: u32 = 16;
 /// about a second; a queue filling keeps latency ahead of the learned value and its raises
 /// stay over it for as long as it fills.
 pub const RAMP_RISE: f64 = 0.005;
-/// Rising ticks in a row ([`RAMP_RISE`]; ticks with no raise, as while in-flight grows or
-/// during [`REST_HOLD_TICKS`], neither count nor break the run) after which learning at rest
-/// has been following a queue, not a slower upstream: two seconds. The value goes back to
-/// where the rise began, or to where it was when latency was last at or under the target if
-/// lower, and the effort may start ([`NoLoad::sustained_growth`]). Learning at rest is
+/// Rising ticks in a row ([`RAMP_RISE`]; ticks with no raise, as while in-flight grows,
+/// neither count nor break the run, nor does a silence of up to as many ticks) after which
+/// learning at rest has been following a queue, not a slower upstream: two seconds. The
+/// value goes back to where the rise began, or to where learning last settled if lower
+/// (latency at or under the target, a slower upstream learned, or a verified value), and the
+/// effort may start ([`NoLoad::sustained_growth`]). Learning at rest is
 /// otherwise its own blind spot: the share it learns scales with the value, and the
 /// in-flight growth test's threshold with the share, so a queue that fills slowly enough
 /// grows both and is never seen. One replica offered 1.05x of its upstream's capacity for
-/// 35 s (`cargo bench --bench fleet`, seeds 1-40) had p99 998 ms over its last ten seconds,
-/// with nothing shed and every request timing out at 1 s at half the seeds; with this, 95 ms
-/// (median; it still fails at some seeds, docs/pressure.md). Every figure of the scenario
-/// tests is the same with it as without.
+/// 35 s (`cargo bench --bench fleet`, seeds 1-40) had a p99 median of 998 ms over its last
+/// ten seconds, with nothing shed and under half the capacity served at 20 seeds (requests
+/// timing out at 1 s); with this, 78 ms, and 2 seeds (docs/pressure.md). Every figure of the
+/// scenario tests is the same with it as without.
 pub const RAMP_TICKS: u32 = 40;
+/// Small raises in a row (under [`RAMP_RISE`]) after which learning at rest has settled: a
+/// slower upstream learned, the value a later rise may be taken back to. One second.
+pub const SETTLED_TICKS: u32 = 20;
 /// Ticks after the loop last shed with an effort during which learning at rest does not raise
 /// the no-load latency: two seconds, counted in ticks with answers or without (it may still
 /// fall at once). The safety cap's term alone does not start the wait: with in-flight
@@ -165,15 +169,110 @@ pub struct NoLoad {
     /// Ticks since the loop last shed with an effort (`u32::MAX`: never), for
     /// [`REST_HOLD_TICKS`].
     since_effort: u32,
-    /// Rising ticks in a row of learning at rest ([`RAMP_TICKS`]).
+    /// The ramp test of learning at rest ([`RAMP_TICKS`]).
+    ramp: Ramp,
+}
+
+/// The ramp test of learning at rest ([`RAMP_TICKS`]): whether the value has been following
+/// a queue filling rather than a slower upstream.
+#[derive(Debug, Clone, Copy)]
+struct Ramp {
+    /// Rising ticks in a row (raises of at least [`RAMP_RISE`]).
     rising: u32,
     /// The value before the first of them, seconds.
-    rise_base: f64,
-    /// The value at the last tick with latency at or under the target, seconds.
-    calm_base: f64,
-    /// Whether a rise was taken back as a queue filling: the effort may start, until latency
-    /// is back at or under the value.
-    ramped: bool,
+    base: f64,
+    /// The value learning last settled at, seconds (infinite until then): at a tick with
+    /// latency at or under the target, after [`SETTLED_TICKS`] small raises in a row (a
+    /// slower upstream learned), or verified. A rise taken back goes no higher than this
+    /// (a queue that fills slowly also rises in runs broken by dips, each learned in part).
+    anchor: f64,
+    /// Small raises in a row.
+    settled: u32,
+    /// Ticks without answers in a row: a silence longer than [`RAMP_TICKS`] ends a run.
+    silent: u32,
+    /// Whether a rise was taken back: the effort may start, until the replica has been at
+    /// rest with latency at or under the target for [`RAMP_TICKS`] ticks with answers in a
+    /// row (`calm`), the overload passed. Cleared when latency first fell back to the value
+    /// instead, the loop started hard, shed, unwound to rest and could not start again while
+    /// the queue refilled (1.05x: p99 median 95 ms; 78 with this).
+    taken_back: bool,
+    /// Ticks at rest with latency at or under the target in a row.
+    calm: u32,
+}
+
+impl Default for Ramp {
+    fn default() -> Self {
+        Ramp {
+            rising: 0,
+            base: 0.0,
+            anchor: f64::INFINITY,
+            settled: 0,
+            silent: 0,
+            taken_back: false,
+            calm: 0,
+        }
+    }
+}
+
+impl Ramp {
+    /// A tick without answers.
+    fn silent(&mut self) {
+        self.silent = self.silent.saturating_add(1);
+        if self.silent > RAMP_TICKS {
+            self.rising = 0;
+        }
+    }
+
+    /// A tick with answers, before learning: the learned `value`, the `smoothed` latency and
+    /// the `target` (seconds), and whether the loop is engaged.
+    fn answered(&mut self, value: f64, smoothed: f64, target: f64, engaged: bool) {
+        self.silent = 0;
+        if smoothed <= target {
+            self.anchor = value;
+        }
+        if !engaged && smoothed <= target {
+            self.calm = self.calm.saturating_add(1);
+            if self.calm >= RAMP_TICKS {
+                self.taken_back = false;
+            }
+        } else {
+            self.calm = 0;
+        }
+        if engaged {
+            self.rising = 0;
+        }
+    }
+
+    /// The value was verified at `latency` (seconds).
+    fn verified(&mut self, latency: f64) {
+        *self = Ramp {
+            anchor: latency,
+            ..Ramp::default()
+        };
+    }
+
+    /// Learning at rest raising the value from `value` to `next` (seconds): what it becomes.
+    fn raise(&mut self, value: f64, next: f64) -> f64 {
+        if next < value * (1.0 + RAMP_RISE) {
+            self.rising = 0;
+            self.settled = self.settled.saturating_add(1);
+            if self.settled >= SETTLED_TICKS {
+                self.anchor = next;
+            }
+            return next;
+        }
+        self.settled = 0;
+        if self.rising == 0 {
+            self.base = value;
+        }
+        self.rising += 1;
+        if self.rising < RAMP_TICKS {
+            return next;
+        }
+        self.rising = 0;
+        self.taken_back = true;
+        self.base.min(self.anchor)
+    }
 }
 
 impl Default for NoLoad {
@@ -188,10 +287,7 @@ impl Default for NoLoad {
             long_under_used: Streak::default(),
             relearned: false,
             since_effort: u32::MAX,
-            rising: 0,
-            rise_base: 0.0,
-            calm_base: f64::INFINITY,
-            ramped: false,
+            ramp: Ramp::default(),
         }
     }
 }
@@ -273,6 +369,7 @@ impl NoLoad {
             self.relearned = true;
             self.under_used = Streak::default();
             self.long_under_used = Streak::default();
+            self.ramp.verified(latency);
         }
     }
 
@@ -280,7 +377,7 @@ impl NoLoad {
     /// explain ([`SUSTAINED_TICKS`]), or learning at rest followed a rising latency for longer
     /// ([`RAMP_TICKS`]) and was taken back.
     pub fn sustained_growth(&self) -> bool {
-        self.growing >= SUSTAINED_TICKS || self.ramped
+        self.growing >= SUSTAINED_TICKS || self.ramp.taken_back
     }
 
     /// Whether the reference was just re-measured under load: the effort was built against a
@@ -339,6 +436,7 @@ impl NoLoad {
             return;
         }
         let Some(sample) = t.tick_mean else {
+            self.ramp.silent();
             return;
         };
         let Some(value) = self.value else {
@@ -346,42 +444,17 @@ impl NoLoad {
             self.value = Some(sample);
             return;
         };
-        if t.smoothed <= t.target {
-            self.calm_base = value;
-        }
-        if t.smoothed <= value {
-            self.ramped = false;
-        }
+        self.ramp.answered(value, t.smoothed, t.target, engaged);
         // Under load it moves only when the upstream is seen under-used (above).
         if engaged {
-            self.rising = 0;
             return;
         }
         if t.smoothed > 0.0 && t.smoothed < value {
             self.value = Some(t.smoothed);
-            self.rising = 0;
+            self.ramp.rising = 0;
         } else if !growing && self.since_effort >= REST_HOLD_TICKS {
             let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();
-            self.value = Some(self.raise(value, value + a * (t.smoothed - value)));
+            self.value = Some(self.ramp.raise(value, value + a * (t.smoothed - value)));
         }
-    }
-
-    /// Learning at rest raising the value from `value` to `next`: what it becomes, after the
-    /// ramp test ([`RAMP_TICKS`]).
-    fn raise(&mut self, value: f64, next: f64) -> f64 {
-        if next < value * (1.0 + RAMP_RISE) {
-            self.rising = 0;
-            return next;
-        }
-        if self.rising == 0 {
-            self.rise_base = value;
-        }
-        self.rising += 1;
-        if self.rising < RAMP_TICKS {
-            return next;
-        }
-        self.rising = 0;
-        self.ramped = true;
-        self.rise_base.min(self.calm_base)
     }
 }

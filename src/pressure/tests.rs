@@ -374,10 +374,10 @@ fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
 
 #[test]
 fn a_latency_that_keeps_rising_at_rest_is_a_queue_not_the_upstream() {
-    // 20 ms, then rising 1 ms a tick (a queue filling at 20 requests a second in front of a
-    // 400 req/s upstream adds 50 ms a second; this is slower) for 60 ticks, past the 50 ms
-    // target. Learning at rest follows for two seconds, then takes the rise back and lets the
-    // effort start.
+    // 20 ms, then rising 1 ms a tick (20 ms a second; a queue filling at 20 requests a second
+    // in front of a 400 req/s upstream adds 50), past the 50 ms target. Learning at rest
+    // follows for two seconds (40 rising ticks), then takes the rise back and lets the effort
+    // start.
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
     for k in 1..=39 {
@@ -388,9 +388,31 @@ fn a_latency_that_keeps_rising_at_rest_is_a_queue_not_the_upstream() {
     feed(&mut n, 1, 0.06, false, false);
     assert_eq!(n.value(), Some(0.02));
     assert!(n.sustained_growth());
-    // Until latency is back at the learned value.
+    // Until the replica has been at rest at or under the target for two seconds: the
+    // overload has passed.
+    feed(&mut n, 39, 0.02, false, false);
+    assert!(n.sustained_growth());
     feed(&mut n, 1, 0.02, false, false);
     assert!(!n.sustained_growth());
+}
+
+#[test]
+fn a_rise_is_taken_back_no_lower_than_a_slower_upstream_learned_before_it() {
+    // The upstream gets three times slower (20 -> 60 ms, over the 50 ms target) and that is
+    // learned; then a queue fills (3 ms a tick). The rise is taken back to 60 ms, not to the
+    // 20 ms of before the slower upstream.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    feed(&mut n, 60, 0.06, false, false);
+    for k in 1..=40 {
+        feed(&mut n, 1, 0.06 + 0.003 * f64::from(k), false, false);
+    }
+    assert!(n.sustained_growth());
+    assert!(
+        n.value().is_some_and(|v| (0.059..0.0601).contains(&v)),
+        "{:?}",
+        n.value()
+    );
 }
 
 #[test]
