@@ -71,7 +71,7 @@ pub const RAMP_RISE: f64 = 0.005;
 /// 35 s (`cargo bench --bench fleet`, seeds 1-40) had a p99 median of 998 ms over its last
 /// ten seconds, with nothing shed and under half the capacity served at 20 seeds (requests
 /// timing out at 1 s); with this, 78 ms, and 2 seeds (docs/pressure.md). Every figure of the
-/// scenario tests is the same with it as without.
+/// scenario tests that came before it is the same with it as without.
 pub const RAMP_TICKS: u32 = 40;
 /// Small raises in a row (under [`RAMP_RISE`]) after which learning at rest has settled: a
 /// slower upstream learned, the value a later rise may be taken back to. One second.
@@ -192,9 +192,9 @@ struct Ramp {
     silent: u32,
     /// Whether a rise was taken back: the effort may start, until the replica has been at
     /// rest with latency at or under the target for [`RAMP_TICKS`] ticks with answers in a
-    /// row (`calm`), the overload passed. Cleared when latency first fell back to the value
-    /// instead, the loop started hard, shed, unwound to rest and could not start again while
-    /// the queue refilled (1.05x: p99 median 95 ms; 78 with this).
+    /// row (`calm`): the overload has passed. Cleared as soon as latency fell back to the
+    /// value, the loop started hard, shed, unwound to rest and could not start again while
+    /// the queue refilled (1.05x: p99 median 95 ms, against 78 with this rule).
     taken_back: bool,
     /// Ticks at rest with latency at or under the target in a row.
     calm: u32,
