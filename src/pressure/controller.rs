@@ -143,11 +143,8 @@ impl Output {
         if full < 1.0 {
             return u32::MAX;
         }
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a positive request count, saturating at u32::MAX"
-        )]
+        #[expect(clippy::cast_possible_truncation, reason = "saturates at u32::MAX")]
+        #[expect(clippy::cast_sign_loss, reason = "at least 1 here")]
         let full = full as u32;
         full
     }
@@ -285,10 +282,7 @@ impl Controller {
 
     /// Folds in the in-flight counts observed since the last update (`inflight` now, used
     /// when no decision observed any) and the latency samples, returning the new output.
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "sample counts and microsecond sums per tick stay far below 2^52"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "tick counts and sums < 2^52")]
     pub fn update(
         &mut self,
         now: Instant,

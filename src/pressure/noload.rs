@@ -388,10 +388,7 @@ impl NoLoad {
 
     /// The in-flight growth over the history: mean of the newer half minus mean of the
     /// older half, requests (0 until the history is full).
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "in-flight counts of a few ticks, far below 2^52"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "in-flight counts < 2^52")]
     fn growth(&self) -> f64 {
         if self.filled < GROWTH_TICKS {
             return 0.0;
