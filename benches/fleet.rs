@@ -138,20 +138,11 @@ fn cases() -> Vec<Case> {
 async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> Vec<Figures> {
     let events = geographic_events(policy, MIX, 20_000, seed);
     let sim = Simulator::new(WORKERS, SERVICE, case.slow.into_iter().collect(), seed);
-    let scenario = Scenario {
-        load: case
-            .load
-            .iter()
-            .map(|(s, f)| (Duration::from_secs(*s), *f))
-            .collect(),
-        controller: ControllerConfig {
-            max_inflight: None,
-            latency_target: TARGET,
-        },
-        timeout: Duration::from_secs(1),
-        seed,
-        replicas: case.replicas.clone(),
+    let controller = ControllerConfig {
+        max_inflight: None,
+        latency_target: TARGET,
     };
+    let scenario = Scenario::new(&case.load, controller, case.replicas.clone(), seed);
     let seconds = run_scenario(&scenario, &sim, policy, &events).await;
     case.phases
         .iter()

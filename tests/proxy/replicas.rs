@@ -76,20 +76,11 @@ impl Run {
             self.scale.clone(),
             self.seed,
         );
-        let scenario = Scenario {
-            load: self
-                .load
-                .iter()
-                .map(|(s, f)| (Duration::from_secs(*s), *f))
-                .collect(),
-            controller: ControllerConfig {
-                max_inflight: self.cap.and_then(std::num::NonZeroU32::new),
-                latency_target: self.target,
-            },
-            timeout: Duration::from_secs(1),
-            seed: self.seed,
-            replicas: self.replicas.clone(),
+        let controller = ControllerConfig {
+            max_inflight: self.cap.and_then(std::num::NonZeroU32::new),
+            latency_target: self.target,
         };
+        let scenario = Scenario::new(&self.load, controller, self.replicas.clone(), self.seed);
         let capacity = sim.capacity();
         (
             run_scenario(&scenario, &sim, policy, events).await,

@@ -56,19 +56,11 @@ async fn run_events(
     events: &[shedgate::demo::sim::SimEvent],
 ) -> (Vec<Second>, f64) {
     let sim = Simulator::new(WORKERS, service, phases, seed);
-    let scenario = Scenario {
-        load: load
-            .iter()
-            .map(|(s, f)| (Duration::from_secs(*s), *f))
-            .collect(),
-        controller: ControllerConfig {
-            max_inflight: None,
-            latency_target: Duration::from_millis(TARGET_MS),
-        },
-        timeout: Duration::from_secs(1),
-        seed,
-        replicas: Replicas::one(),
+    let controller = ControllerConfig {
+        max_inflight: None,
+        latency_target: Duration::from_millis(TARGET_MS),
     };
+    let scenario = Scenario::new(load, controller, Replicas::one(), seed);
     let capacity = sim.capacity();
     (
         run_scenario(&scenario, &sim, policy, events).await,

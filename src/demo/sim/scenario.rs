@@ -131,6 +131,31 @@ pub struct Scenario {
     pub replicas: Replicas,
 }
 
+impl Scenario {
+    /// The upstream timeout of the scenario tests and benchmarks: one second.
+    pub const TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// A scenario of `load` phases as `(seconds, offered load / initial capacity)`, every
+    /// replica's controller set to `controller`, with [`Scenario::TIMEOUT`].
+    pub fn new(
+        load: &[(u64, f64)],
+        controller: ControllerConfig,
+        replicas: Replicas,
+        seed: u64,
+    ) -> Self {
+        Scenario {
+            load: load
+                .iter()
+                .map(|&(secs, factor)| (Duration::from_secs(secs), factor))
+                .collect(),
+            controller,
+            timeout: Self::TIMEOUT,
+            seed,
+            replicas,
+        }
+    }
+}
+
 /// The replicas of a run: every one ever started, the first `active` in service.
 struct Fleet {
     gauges: Vec<Arc<PressureGauge>>,
