@@ -340,6 +340,14 @@ fn feed(n: &mut super::noload::NoLoad, ticks: u32, latency: f64, effort: bool, o
     }
 }
 
+/// Feeds a latency rising from `from` by `per_tick` each tick (seconds) for `ticks` ticks,
+/// at rest.
+fn ramp_up(n: &mut super::noload::NoLoad, from: f64, per_tick: f64, ticks: u32) {
+    for k in 1..=ticks {
+        feed(n, 1, from + per_tick * f64::from(k), false, false);
+    }
+}
+
 #[test]
 fn learning_at_rest_waits_after_the_loop_was_engaged() {
     let mut n = super::noload::NoLoad::default();
@@ -380,9 +388,7 @@ fn a_latency_that_keeps_rising_at_rest_is_a_queue_not_the_upstream() {
     // start.
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
-    for k in 1..=39 {
-        feed(&mut n, 1, 0.02 + 0.001 * f64::from(k), false, false);
-    }
+    ramp_up(&mut n, 0.02, 0.001, 39);
     assert!(n.value().is_some_and(|v| v > 0.05), "{:?}", n.value());
     assert!(!n.sustained_growth());
     feed(&mut n, 1, 0.06, false, false);
@@ -404,9 +410,7 @@ fn a_rise_is_taken_back_no_lower_than_a_slower_upstream_learned_before_it() {
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
     feed(&mut n, 60, 0.06, false, false);
-    for k in 1..=40 {
-        feed(&mut n, 1, 0.06 + 0.003 * f64::from(k), false, false);
-    }
+    ramp_up(&mut n, 0.06, 0.003, 40);
     assert!(n.sustained_growth());
     assert!(
         n.value().is_some_and(|v| (0.059..0.0601).contains(&v)),
