@@ -230,17 +230,22 @@ impl Ramp {
         if smoothed <= target {
             self.anchor = value;
         }
-        if !engaged && smoothed <= target {
-            self.calm = self.calm.saturating_add(1);
-            if self.calm >= RAMP_TICKS {
-                self.taken_back = false;
-            }
+        self.calm = if !engaged && smoothed <= target {
+            self.calm.saturating_add(1)
         } else {
-            self.calm = 0;
+            0
+        };
+        if self.calm >= RAMP_TICKS {
+            self.taken_back = false;
         }
         if engaged {
             self.rising = 0;
         }
+    }
+
+    /// Learning at rest lowered the value (latency fell under it): a run of rises ends.
+    fn fell(&mut self) {
+        self.rising = 0;
     }
 
     /// The value was verified at `latency` (seconds).
@@ -448,7 +453,7 @@ impl NoLoad {
         }
         if t.smoothed > 0.0 && t.smoothed < value {
             self.value = Some(t.smoothed);
-            self.ramp.rising = 0;
+            self.ramp.fell();
         } else if !growing && self.since_effort >= REST_HOLD_TICKS {
             let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();
             self.value = Some(self.ramp.raise(value, value + a * (t.smoothed - value)));
