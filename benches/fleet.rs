@@ -25,7 +25,11 @@
 //!   the old load (63% of the slowed capacity) from then on. Slowness without a queue is not
 //!   overload: met when at most 1% of the sheddable events of 12–25 s is shed (a
 //!   replica that takes its fleet's queue for a slower upstream, or a slower upstream for a
-//!   queue, fails one side or the other).
+//!   queue, fails one side or the other);
+//! - one replica offered a quarter of the upstream's capacity while the upstream gets three
+//!   times slower (60 ms mean, twice the target; 75% of the slowed capacity) over 1, 2 or
+//!   4 s from 5 s on, in 20 equal steps: a slowdown that builds up rather than a step. No
+//!   queue stands: met when at most 1% of the sheddable events of 5–25 s is shed.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(
@@ -71,8 +75,8 @@ struct Case {
     /// `(seconds, multiple of the upstream's capacity)`.
     load: Vec<(u64, f64)>,
     replicas: Replicas,
-    /// A change of the upstream's speed, if any.
-    slow: Option<Phase>,
+    /// Changes of the upstream's speed, in time order (none: the same throughout).
+    slow: Vec<Phase>,
     phases: Vec<(&'static str, Range<usize>, Check)>,
 }
 
@@ -88,7 +92,7 @@ fn cases() -> Vec<Case> {
             ],
             spread: Spread::Random,
         },
-        slow: None,
+        slow: Vec::new(),
         phases: vec![
             ("2 replicas", 7..9, Check::Held),
             ("8 replicas", 10..14, Check::Held),
@@ -101,7 +105,7 @@ fn cases() -> Vec<Case> {
                 name: format!("{replicas} replicas, {factor}x"),
                 load: vec![(5, 0.8), (12, factor), (5, 0.5)],
                 replicas: Replicas::fixed(replicas),
-                slow: None,
+                slow: Vec::new(),
                 phases: vec![("steady", 7..17, Check::Held)],
             });
         }
@@ -111,7 +115,7 @@ fn cases() -> Vec<Case> {
             name: format!("1 replica, {factor}x for 35 s (a mild overload)"),
             load: vec![(5, 0.8), (35, factor)],
             replicas: Replicas::one(),
-            slow: None,
+            slow: Vec::new(),
             phases: vec![
                 ("first seconds", 10..15, Check::Held),
                 ("later", 30..40, Check::Held),
@@ -123,21 +127,42 @@ fn cases() -> Vec<Case> {
             name: format!("1 replica, upstream 1.8x slower {after_ms} ms after a 1.5x overload"),
             load: vec![(5, 0.8), (5, 1.5), (15, 0.35)],
             replicas: Replicas::one(),
-            slow: Some(Phase {
+            slow: vec![Phase {
                 from: Duration::from_millis(10_000 + after_ms),
                 slowdown: 1.8,
                 fail_rate: 0.0,
-            }),
+            }],
             phases: vec![("slower", 12..25, Check::NotShed)],
+        });
+    }
+    for ramp_ms in [1_000, 2_000, 4_000] {
+        cases.push(Case {
+            name: format!("1 replica at 0.25x, upstream 3x slower over {ramp_ms} ms"),
+            load: vec![(25, 0.25)],
+            replicas: Replicas::one(),
+            slow: gradual(Duration::from_secs(5), Duration::from_millis(ramp_ms), 3.0),
+            phases: vec![("slowing and slow", 5..25, Check::NotShed)],
         });
     }
     cases
 }
 
+/// An upstream that gets `slowdown` times slower from `from` over `ramp`, in 20 equal steps
+/// (a deploy rolling over 20 pods, or a slowdown that builds up).
+fn gradual(from: Duration, ramp: Duration, slowdown: f64) -> Vec<Phase> {
+    (1..=20_u32)
+        .map(|k| Phase {
+            from: from + ramp * k / 20,
+            slowdown: 1.0 + (slowdown - 1.0) * f64::from(k) / 20.0,
+            fail_rate: 0.0,
+        })
+        .collect()
+}
+
 /// One run of `case` at `seed`: the figures of each phase.
 async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> Vec<Figures> {
     let events = geographic_events(policy, MIX, 20_000, seed);
-    let sim = Simulator::new(WORKERS, SERVICE, case.slow.into_iter().collect(), seed);
+    let sim = Simulator::new(WORKERS, SERVICE, case.slow.clone(), seed);
     let controller = ControllerConfig {
         max_inflight: None,
         latency_target: TARGET,
