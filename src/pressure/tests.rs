@@ -420,6 +420,40 @@ fn a_rise_is_taken_back_no_lower_than_a_slower_upstream_learned_before_it() {
 }
 
 #[test]
+fn a_rise_that_shedding_does_not_lower_is_the_upstream_getting_slower() {
+    // The upstream gets three times slower over two seconds (20 -> 60 ms, 1 ms a tick): a
+    // rise like a queue filling, taken back. The loop then sheds for the latency at the
+    // take-back plus 1.5 LATENCY_TAU (60 + 225 ms: six ticks), and latency stays: the
+    // upstream's own, verified, and the effort no longer may start.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.001, 40);
+    assert_eq!(n.value(), Some(0.02));
+    assert!(n.sustained_growth());
+    feed(&mut n, 5, 0.06, true, false);
+    assert_eq!(n.reference(), None);
+    feed(&mut n, 1, 0.06, true, false);
+    assert_eq!(n.reference(), Some(0.06));
+    assert!(!n.sustained_growth());
+}
+
+#[test]
+fn a_rise_that_shedding_lowers_is_a_queue() {
+    // The same rise; shedding drains the queue and latency falls under 70% of where it
+    // was (60 -> 40 ms): nothing is verified, and the effort may still start.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.001, 40);
+    feed(&mut n, 6, 0.04, true, false);
+    assert_eq!(n.reference(), None);
+    assert_eq!(n.value(), Some(0.02));
+    assert!(n.sustained_growth());
+    // The test ran once: more shedding at the take-back's latency verifies nothing.
+    feed(&mut n, 10, 0.06, true, false);
+    assert_eq!(n.reference(), None);
+}
+
+#[test]
 fn a_slower_upstream_is_a_step_and_still_learned_at_rest() {
     // 20 -> 60 ms at once (three times slower), held: learned within about a second, never
     // taken back, no effort started.
