@@ -18,8 +18,8 @@
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
 //!   spread at random), phases 7–9 s, 10–14 s and 15–20 s;
 //! - 4 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
-//! - one replica offered 1.02x and 1.05x of the upstream's capacity for 35 s, a mild
-//!   overload, phases 10–15 s and 30–40 s;
+//! - one replica and four (round robin) offered 1.02x and 1.05x of the upstream's capacity
+//!   for 35 s, a mild overload, phases 10–15 s and 30–40 s;
 //! - the other side of the same trade-off, one replica: the upstream 1.8 times slower (36 ms
 //!   mean, over the target) from 0.1, 0.5 or 1 s after a 1.5x overload ends, offered 0.35 of
 //!   the old load (63% of the slowed capacity) from then on. Slowness without a queue is not
@@ -110,11 +110,12 @@ fn cases() -> Vec<Case> {
             });
         }
     }
-    for factor in [1.02, 1.05] {
+    for (replicas, factor) in [(1, 1.02), (1, 1.05), (4, 1.02), (4, 1.05)] {
+        let counted = if replicas == 1 { "replica" } else { "replicas" };
         cases.push(Case {
-            name: format!("1 replica, {factor}x for 35 s (a mild overload)"),
+            name: format!("{replicas} {counted}, {factor}x for 35 s (a mild overload)"),
             load: vec![(5, 0.8), (35, factor)],
-            replicas: Replicas::one(),
+            replicas: Replicas::fixed(replicas),
             slow: Vec::new(),
             phases: vec![
                 ("first seconds", 10..15, Check::Held),
