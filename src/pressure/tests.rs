@@ -421,35 +421,73 @@ fn a_rise_is_taken_back_no_lower_than_a_slower_upstream_learned_before_it() {
 
 #[test]
 fn a_rise_that_shedding_does_not_lower_is_the_upstream_getting_slower() {
-    // The upstream gets three times slower over two seconds (20 -> 60 ms, 1 ms a tick): a
-    // rise like a queue filling, taken back. The loop then sheds for the latency at the
-    // take-back plus 1.5 LATENCY_TAU (60 + 225 ms: six ticks), and latency stays: the
+    // The upstream gets five times slower over two seconds (20 -> 100 ms, 2 ms a tick): a
+    // rise like a queue filling, taken back. The loop then sheds for twice the latency at
+    // the take-back plus 1.5 LATENCY_TAU (200 + 225 ms: nine ticks), and latency stays: the
     // upstream's own, verified, and the effort no longer may start.
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.001, 40);
+    ramp_up(&mut n, 0.02, 0.002, 40);
     assert_eq!(n.value(), Some(0.02));
     assert!(n.sustained_growth());
-    feed(&mut n, 5, 0.06, true, false);
+    feed(&mut n, 8, 0.1, true, false);
     assert_eq!(n.reference(), None);
-    feed(&mut n, 1, 0.06, true, false);
-    assert_eq!(n.reference(), Some(0.06));
+    feed(&mut n, 1, 0.1, true, false);
+    assert_eq!(n.reference(), Some(0.1));
     assert!(!n.sustained_growth());
 }
 
 #[test]
 fn a_rise_that_shedding_lowers_is_a_queue() {
-    // The same rise; shedding drains the queue and latency falls under 70% of where it
-    // was (60 -> 40 ms): nothing is verified, and the effort may still start.
+    // The same rise; shedding drains the queue to where the loop steers latency (0.9 times
+    // the 50 ms target, over the 20 ms learned): more than half the way down, so nothing is
+    // verified, and the effort may still start.
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.001, 40);
-    feed(&mut n, 6, 0.04, true, false);
+    ramp_up(&mut n, 0.02, 0.002, 40);
+    feed(&mut n, 9, 0.045, true, false);
     assert_eq!(n.reference(), None);
     assert_eq!(n.value(), Some(0.02));
     assert!(n.sustained_growth());
     // The test ran once: more shedding at the take-back's latency verifies nothing.
-    feed(&mut n, 10, 0.06, true, false);
+    feed(&mut n, 10, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+}
+
+#[test]
+fn a_rise_too_close_to_the_loops_setpoint_stays_a_queue() {
+    // Taken back at 60 ms, under 1.5 times the 45 ms the loop steers to: a queue drained
+    // there would not fall far enough to tell, so latency that stays is not verified.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.001, 40);
+    assert!(n.sustained_growth());
+    feed(&mut n, 20, 0.06, true, false);
+    assert_eq!(n.reference(), None);
+    assert!(n.sustained_growth());
+}
+
+#[test]
+fn a_take_back_test_counts_only_ticks_with_answers_and_ends_without_shedding() {
+    // Silent ticks while shedding (a hang) do not count toward the test ...
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.002, 40);
+    let silent = super::noload::TickInput {
+        tick_mean: None,
+        ..learner_tick(0.5, true, false)
+    };
+    for _ in 0..20 {
+        n.update(silent, TICK.as_secs_f64());
+    }
+    assert_eq!(n.reference(), None);
+    // ... and a test whose effort never starts within two seconds is dropped: a later
+    // overload's shedding is not read against it.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.002, 40);
+    feed(&mut n, 41, 0.1, false, true);
+    feed(&mut n, 10, 0.1, true, false);
     assert_eq!(n.reference(), None);
 }
 
