@@ -141,23 +141,11 @@ fn cases() -> Vec<Case> {
             name: format!("1 replica at 0.25x, upstream 3x slower over {ramp_ms} ms"),
             load: vec![(25, 0.25)],
             replicas: Replicas::one(),
-            slow: gradual(Duration::from_secs(5), Duration::from_millis(ramp_ms), 3.0),
+            slow: Phase::gradual(Duration::from_secs(5), Duration::from_millis(ramp_ms), 3.0),
             phases: vec![("slowing and slow", 5..25, Check::NotShed)],
         });
     }
     cases
-}
-
-/// An upstream that gets `slowdown` times slower from `from` over `ramp`, in 20 equal steps
-/// (a deploy rolling over 20 pods, or a slowdown that builds up).
-fn gradual(from: Duration, ramp: Duration, slowdown: f64) -> Vec<Phase> {
-    (1..=20_u32)
-        .map(|k| Phase {
-            from: from + ramp * k / 20,
-            slowdown: 1.0 + (slowdown - 1.0) * f64::from(k) / 20.0,
-            fail_rate: 0.0,
-        })
-        .collect()
 }
 
 /// One run of `case` at `seed`: the figures of each phase.

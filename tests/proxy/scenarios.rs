@@ -312,13 +312,7 @@ async fn a_slowdown_that_builds_up_over_two_seconds_is_not_shed() {
     // that follows does not lower latency, so it is verified as the upstream's own
     // (`shedgate::pressure::noload::RAMP_TEST_FALL`). Without that test 32.5% was shed here,
     // the effort held for seven seconds.
-    let slowdown: Vec<Phase> = (1..=20_u32)
-        .map(|k| Phase {
-            from: Duration::from_secs(5) + Duration::from_millis(100) * k,
-            slowdown: 1.0 + 2.0 * f64::from(k) / 20.0,
-            fail_rate: 0.0,
-        })
-        .collect();
+    let slowdown = Phase::gradual(Duration::from_secs(5), Duration::from_secs(2), 3.0);
     let (s, cap) = run(&[(25, 0.25)], slowdown, 16).await;
     let text = summary(&s, cap);
     let f = figures("slowdown over 2 s, light load", &s, 5..25, cap);

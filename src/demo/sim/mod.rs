@@ -81,6 +81,21 @@ pub struct Phase {
     pub fail_rate: f64,
 }
 
+impl Phase {
+    /// An upstream that gets `slowdown` times slower from `from` over `ramp`, in 20 equal
+    /// steps (a deploy rolling over 20 pods, or a slowdown that builds up): 20 phases in time
+    /// order, the last at `from + ramp`, none failing.
+    pub fn gradual(from: Duration, ramp: Duration, slowdown: f64) -> Vec<Phase> {
+        (1..=20_u32)
+            .map(|k| Phase {
+                from: from + ramp * k / 20,
+                slowdown: 1.0 + (slowdown - 1.0) * f64::from(k) / 20.0,
+                fail_rate: 0.0,
+            })
+            .collect()
+    }
+}
+
 /// The upstream failed the request (a failure phase).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("simulated upstream failure")]
