@@ -2,7 +2,7 @@
 //! that says whether latency over the target comes from queueing (shed) or from a slower
 //! upstream (do not).
 //!
-//! Two ways to learn it, and a third to verify it (docs/pressure.md "Pressure controllers"):
+//! Two ways to learn it, and two more to verify it (docs/pressure.md "Pressure controllers"):
 //!
 //! - **At rest** (no shedding effort, and in-flight short of where a safety cap's term sheds),
 //!   from ordinary traffic, like Netflix Gradient2's long window: it follows the smoothed
@@ -44,7 +44,7 @@
 
 use std::time::Duration;
 
-use super::{LATENCY_SETPOINT, LATENCY_TAU, SETPOINT, TICK};
+use super::{COLD_SETPOINT, LATENCY_SETPOINT, LATENCY_TAU, SETPOINT, TICK};
 
 /// Time constant with which the no-load latency rises toward the smoothed latency at rest,
 /// while the in-flight count is not growing. Slow next to a tick, fast next to a deploy: a
@@ -89,8 +89,8 @@ pub const RAMP_TICKS: u32 = 40;
 /// capacity while the upstream got three times slower over two seconds (`cargo bench
 /// --bench fleet`, seeds 1-40) was shed up to 83% of its sheddable events for seconds, at
 /// 13 seeds, without the test; with it at most 1.9% (the test's own shedding), met (at most
-/// 1% shed) at 29 seeds against 26, and the bench's other figures the same but one
-/// ([`RAMP_TEST_TAUS`]). The test only concludes where the take-back's latency is at least
+/// 1% shed) at 29 seeds against 26, and the bench's other cases the same but one seed's
+/// first seconds ([`RAMP_TEST_TAUS`]). The test only concludes where the take-back's latency is at least
 /// [`RAMP_TEST_MIN_RISE`] times where the loop steers: closer, a queue drained to the
 /// loop's setpoint does not fall far enough to tell. Learning the latency unverified instead
 /// (the effort reset, the queue reading against it) shed up to 10% at 9 seeds, with a test
@@ -101,7 +101,7 @@ pub const RAMP_TEST_FALL: f64 = 0.5;
 pub const RAMP_TEST_MIN_RISE: f64 = 1.5;
 /// How long the loop sheds before the take-back test reads latency ([`RAMP_TEST_FALL`]):
 /// twice the smoothed latency at the take-back plus this many [`LATENCY_TAU`]s, counted over
-/// ticks with answers (345 ms for a 60 ms slowdown). A request admitted as the shedding
+/// ticks with answers (345 ms for a take-back at 60 ms). A request admitted as the shedding
 /// begins waits out the queue (about that latency), and its answer then moves the smoothed
 /// latency, by 1.5 time constants 78% of the way to where the queue drained to. Twice, not
 /// once, for fleets: one replica's shedding drains its fleet's queue only in part. Four
@@ -112,6 +112,11 @@ pub const RAMP_TEST_MIN_RISE: f64 = 1.5;
 /// in a slowdown: the two-second one above met at 29 seeds instead of 36 (most shed 1.9%
 /// against 1.7%).
 pub const RAMP_TEST_TAUS: f64 = 1.5;
+/// Ticks without an effort in a row, once the take-back test's shedding began, after which
+/// the test is dropped: one [`LATENCY_TAU`]. The effort unwound because latency fell, and a
+/// later shedding must not add to this one's time (it would read latency it has not yet had
+/// time to lower). Shorter gaps (an effort touching 0 for a tick) do not end the test.
+pub const RAMP_TEST_GAP_TICKS: u32 = 3;
 /// Small raises in a row (under [`RAMP_RISE`]) after which learning at rest has settled: a
 /// slower upstream learned, the value a later rise may be taken back to. One second.
 pub const SETTLED_TICKS: u32 = 20;
@@ -248,10 +253,15 @@ struct RampTest {
     suspect: f64,
     /// Time the loop has shed with an effort since, over ticks with answers, seconds.
     shed_for: f64,
-    /// Ticks without an effort since the take-back. Past [`RAMP_TICKS`] the test is dropped
-    /// (the effort never started, or unwound as latency fell: a queue drained), so that the
-    /// next shedding, perhaps another overload's, is not read against this take-back.
+    /// Ticks without an effort before the shedding began: past [`RAMP_TICKS`] the test is
+    /// dropped, so that a later shedding, perhaps another overload's, is not read against
+    /// this take-back. So is a silence past [`RAMP_TICKS`] (the answers after a hang hold
+    /// its backlog).
     waited: u32,
+    /// Ticks without an effort in a row once the shedding began: past
+    /// [`RAMP_TEST_GAP_TICKS`] the effort unwound (latency fell: a queue drained), and the
+    /// test is dropped.
+    gap: u32,
 }
 
 /// What the loop's shedding does at a tick, for the take-back test.
@@ -290,6 +300,7 @@ impl Ramp {
         self.silent = self.silent.saturating_add(1);
         if self.silent > RAMP_TICKS {
             self.rising = 0;
+            self.test = None;
         }
     }
 
@@ -334,11 +345,14 @@ impl Ramp {
         let test = self.test.as_mut()?;
         if !s.effort {
             test.waited += 1;
-            if test.waited > RAMP_TICKS {
+            test.gap += 1;
+            let unwound = test.shed_for > 0.0 && test.gap > RAMP_TEST_GAP_TICKS;
+            if unwound || test.waited > RAMP_TICKS {
                 self.test = None;
             }
             return None;
         }
+        test.gap = 0;
         if !s.answered {
             return None;
         }
@@ -378,6 +392,7 @@ impl Ramp {
             suspect: smoothed,
             shed_for: 0.0,
             waited: 0,
+            gap: 0,
         });
         self.base.min(self.anchor)
     }
@@ -541,7 +556,15 @@ impl NoLoad {
             self.verify(t.smoothed);
             return;
         }
+        // Where the loop steers latency: a replica not yet seen calm on latency alone, at
+        // COLD_SETPOINT times the target; otherwise where both errors are 0 (the controller's
+        // error is their minimum). With confidence under 1 the latency error is scaled down
+        // and the loop holds latency higher: the test may then take a drained queue for the
+        // upstream at a low sample rate.
         let steered = self.value.map_or(0.0, |v| {
+            if t.cold && !self.verified {
+                return COLD_SETPOINT * t.target;
+            }
             let reference = if self.verified { SETPOINT * v } else { v };
             reference.max(LATENCY_SETPOINT * t.target)
         });

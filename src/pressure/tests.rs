@@ -439,18 +439,39 @@ fn a_rise_that_shedding_does_not_lower_is_the_upstream_getting_slower() {
 
 #[test]
 fn a_rise_that_shedding_lowers_is_a_queue() {
-    // The same rise; shedding drains the queue to where the loop steers latency (0.9 times
-    // the 50 ms target, over the 20 ms learned): more than half the way down, so nothing is
-    // verified, and the effort may still start.
+    // A rise to 80 ms taken back; shedding lowers latency to 60 ms, more than half the way
+    // down to where the loop steers it (0.9 times the 50 ms target, over the 20 ms learned:
+    // 45 ms), though not to 70% of 80 ms: nothing is verified, and the effort may still
+    // start. The test ran for 160 + 225 ms: eight ticks.
     let mut n = super::noload::NoLoad::default();
     feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.002, 40);
-    feed(&mut n, 9, 0.045, true, false);
+    ramp_up(&mut n, 0.02, 0.0015, 40);
+    feed(&mut n, 8, 0.06, true, false);
     assert_eq!(n.reference(), None);
     assert_eq!(n.value(), Some(0.02));
     assert!(n.sustained_growth());
     // The test ran once: more shedding at the take-back's latency verifies nothing.
     feed(&mut n, 10, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+}
+
+#[test]
+fn a_take_back_test_is_dropped_when_its_effort_unwinds_and_counts_at_most_two_ticks_at_once() {
+    // Shedding for five ticks, then four ticks without an effort (it unwound: latency fell),
+    // then shedding again at the take-back's latency: the second shedding is not read
+    // against the first take-back.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.002, 40);
+    feed(&mut n, 5, 0.1, true, false);
+    feed(&mut n, 4, 0.1, false, true);
+    feed(&mut n, 10, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+    // One tick a second long (a stalled ticker) counts as two ticks, not as the whole test.
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.002, 40);
+    n.update(learner_tick(0.1, true, false), 1.0);
     assert_eq!(n.reference(), None);
 }
 
