@@ -348,6 +348,15 @@ fn ramp_up(n: &mut super::noload::NoLoad, from: f64, per_tick: f64, ticks: u32) 
     }
 }
 
+/// A learner that learned 20 ms at rest, then followed a latency rising by `per_tick`
+/// seconds a tick for two seconds (40 ticks), and took that rise back.
+fn taken_back(per_tick: f64) -> super::noload::NoLoad {
+    let mut n = super::noload::NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, per_tick, 40);
+    n
+}
+
 #[test]
 fn learning_at_rest_waits_after_the_loop_was_engaged() {
     let mut n = super::noload::NoLoad::default();
@@ -425,9 +434,7 @@ fn a_rise_that_shedding_does_not_lower_is_the_upstream_getting_slower() {
     // rise like a queue filling, taken back. The loop then sheds for twice the latency at
     // the take-back plus 1.5 LATENCY_TAU (200 + 225 ms: nine ticks), and latency stays: the
     // upstream's own, verified, and the effort no longer may start.
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.002, 40);
+    let mut n = taken_back(0.002);
     assert_eq!(n.value(), Some(0.02));
     assert!(n.sustained_growth());
     feed(&mut n, 8, 0.1, true, false);
@@ -443,9 +450,7 @@ fn a_rise_that_shedding_lowers_is_a_queue() {
     // down to where the loop steers it (0.9 times the 50 ms target, over the 20 ms learned:
     // 45 ms), though not to 70% of 80 ms: nothing is verified, and the effort may still
     // start. The test ran for 160 + 225 ms: eight ticks.
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.0015, 40);
+    let mut n = taken_back(0.0015);
     feed(&mut n, 8, 0.06, true, false);
     assert_eq!(n.reference(), None);
     assert_eq!(n.value(), Some(0.02));
@@ -460,17 +465,13 @@ fn a_take_back_test_is_dropped_when_its_effort_unwinds_and_counts_at_most_two_ti
     // Shedding for five ticks, then four ticks without an effort (it unwound: latency fell),
     // then shedding again at the take-back's latency: the second shedding is not read
     // against the first take-back.
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.002, 40);
+    let mut n = taken_back(0.002);
     feed(&mut n, 5, 0.1, true, false);
     feed(&mut n, 4, 0.1, false, true);
     feed(&mut n, 10, 0.1, true, false);
     assert_eq!(n.reference(), None);
     // One tick a second long (a stalled ticker) counts as two ticks, not as the whole test.
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.002, 40);
+    let mut n = taken_back(0.002);
     n.update(learner_tick(0.1, true, false), 1.0);
     assert_eq!(n.reference(), None);
 }
@@ -479,9 +480,7 @@ fn a_take_back_test_is_dropped_when_its_effort_unwinds_and_counts_at_most_two_ti
 fn a_rise_too_close_to_the_loops_setpoint_stays_a_queue() {
     // Taken back at 60 ms, under 1.5 times the 45 ms the loop steers to: a queue drained
     // there would not fall far enough to tell, so latency that stays is not verified.
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.001, 40);
+    let mut n = taken_back(0.001);
     assert!(n.sustained_growth());
     feed(&mut n, 20, 0.06, true, false);
     assert_eq!(n.reference(), None);
@@ -491,9 +490,7 @@ fn a_rise_too_close_to_the_loops_setpoint_stays_a_queue() {
 #[test]
 fn a_take_back_test_counts_only_ticks_with_answers_and_ends_without_shedding() {
     // Silent ticks while shedding (a hang) do not count toward the test ...
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.002, 40);
+    let mut n = taken_back(0.002);
     let silent = super::noload::TickInput {
         tick_mean: None,
         ..learner_tick(0.5, true, false)
@@ -504,9 +501,7 @@ fn a_take_back_test_counts_only_ticks_with_answers_and_ends_without_shedding() {
     assert_eq!(n.reference(), None);
     // ... and a test whose effort never starts within two seconds is dropped: a later
     // overload's shedding is not read against it.
-    let mut n = super::noload::NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
-    ramp_up(&mut n, 0.02, 0.002, 40);
+    let mut n = taken_back(0.002);
     feed(&mut n, 41, 0.1, false, true);
     feed(&mut n, 10, 0.1, true, false);
     assert_eq!(n.reference(), None);
