@@ -81,20 +81,17 @@ pub const RAMP_TICKS: u32 = 40;
 /// Share of the way from the smoothed latency at a take-back ([`RAMP_TICKS`]) down to where
 /// the loop steers latency (the larger of the learned value, times [`SETPOINT`] once
 /// verified, and [`LATENCY_SETPOINT`] times the target) by which latency must have fallen
-/// once the loop has shed for [`RAMP_TEST_TAUS`]. If it has not, the rise was the upstream
-/// getting slower over a few seconds: that latency is verified as the no-load latency
-/// ([`NoLoad::verify`]; the effort starts again from engaged). A slowdown that builds up
-/// looks like a queue filling (latency, in-flight and completions move alike by Little's
-/// law); only shedding tells them apart. One replica offered a quarter of its upstream's
-/// capacity while the upstream got three times slower over two seconds (`cargo bench
-/// --bench fleet`, seeds 1-40) was shed up to 83% of its sheddable events for seconds, at
-/// 13 seeds, without the test; with it at most 1.9% (the test's own shedding), met (at most
-/// 1% shed) at 29 seeds against 26, and the bench's other cases the same but one seed's
-/// first seconds ([`RAMP_TEST_TAUS`]). The test only concludes where the take-back's latency is at least
-/// [`RAMP_TEST_MIN_RISE`] times where the loop steers: closer, a queue drained to the
-/// loop's setpoint does not fall far enough to tell. Learning the latency unverified instead
-/// (the effort reset, the queue reading against it) shed up to 10% at 9 seeds, with a test
-/// half as long: the reading hovers at its setpoint and the effort does not unwind.
+/// once the loop has shed for [`RAMP_TEST_TAUS`]; if not, the rise was the upstream getting
+/// slower over a few seconds, and that latency is verified ([`NoLoad::verify`]). A slowdown
+/// that builds up looks like a queue filling (latency, in-flight and completions move alike
+/// by Little's law); only shedding tells them apart. One replica offered a quarter of its
+/// upstream's capacity while it got three times slower over two seconds (`cargo bench
+/// --bench fleet`, seeds 1-40) was shed up to 83% for seconds, at 13 seeds, without the
+/// test; with it at most 1.9% (the test's own shedding), met (at most 1% shed) at 29 seeds
+/// against 26. It concludes only from [`RAMP_TEST_MIN_RISE`] times where the loop steers:
+/// closer, a queue drained to the loop's setpoint does not fall far enough to tell.
+/// Learning the latency unverified instead shed up to 10% at 9 seeds (with a test half as
+/// long): the queue reading hovers at its setpoint and the effort does not unwind.
 pub const RAMP_TEST_FALL: f64 = 0.5;
 /// How far above where the loop steers latency the take-back's latency must be for the test
 /// to conclude ([`RAMP_TEST_FALL`]); under it, the rise stays taken for a queue.
@@ -253,10 +250,10 @@ struct RampTest {
     suspect: f64,
     /// Time the loop has shed with an effort since, over ticks with answers, seconds.
     shed_for: f64,
-    /// Ticks without an effort before the shedding began: past [`RAMP_TICKS`] the test is
-    /// dropped, so that a later shedding, perhaps another overload's, is not read against
-    /// this take-back. So is a silence past [`RAMP_TICKS`] (the answers after a hang hold
-    /// its backlog).
+    /// Ticks without an effort since the take-back: past [`RAMP_TICKS`] the test is dropped,
+    /// so that a later shedding, perhaps another overload's, is not read against this
+    /// take-back. So is a silence past [`RAMP_TICKS`] (the answers after a hang hold its
+    /// backlog).
     waited: u32,
     /// Ticks without an effort in a row once the shedding began: past
     /// [`RAMP_TEST_GAP_TICKS`] the effort unwound (latency fell: a queue drained), and the
