@@ -32,10 +32,7 @@
 //!   queue stands: met when at most 1% of the sheddable events of 5–25 s is shed.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
-#![allow(
-    clippy::cast_precision_loss,
-    reason = "a report of percentiles from counts that stay far below 2^52"
-)]
+#![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -14,12 +14,9 @@
 //! and is offered 0.85x of that (the case where a fixed concurrency number shed 12%).
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
-#![allow(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "a report of rates and percentiles from counts that stay far below 2^52"
-)]
+#![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
+#![allow(clippy::cast_possible_truncation, reason = "counts below 2^52")]
+#![allow(clippy::cast_sign_loss, reason = "counts below 2^52")]
 
 use std::convert::Infallible;
 use std::path::Path;

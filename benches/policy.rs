@@ -5,10 +5,7 @@
 //! blocking thread, then an atomic swap), so these figures bound reload latency, not request
 //! latency.
 
-#![allow(
-    missing_docs,
-    reason = "criterion's macros generate undocumented items"
-)]
+#![allow(missing_docs, reason = "criterion's macros' items")]
 
 use std::path::Path;
 
@@ -90,10 +87,7 @@ fn bench(c: &mut Criterion) {
             .collect();
         let after = resident_bytes();
         let cells = copies[0].cell_count();
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "byte and cell counts stay far below 2^52"
-        )]
+        #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
         let (rss, table) = (
             (after.saturating_sub(before)) as f64 / 5.0 / cells as f64,
             copies[0].cell_table_bytes() as f64 / cells as f64,

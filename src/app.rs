@@ -258,20 +258,14 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         let m = &parts.metrics;
         m.pressure.set(p.get());
         m.inflight.set(f64::from(parts.pressure.inflight()));
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "bytes far below 2^52 as a gauge value"
-        )]
+        #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
         m.buffered_bytes.set(parts.buffers.used() as f64);
         m.rank_cutoff.set(Curve::threshold(p));
         if p > Pressure::SHED_FLOOR {
             // Counters hold integers: accumulate exactly, export whole seconds.
             shedding += now.saturating_duration_since(last).as_secs_f64();
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "whole seconds of shedding, non-negative and far below 2^64"
-            )]
+            #[expect(clippy::cast_possible_truncation, reason = "whole seconds, >= 0")]
+            #[expect(clippy::cast_sign_loss, reason = "whole seconds, >= 0")]
             m.shedding_seconds.absolute(shedding.floor() as u64);
         }
         last = now;

@@ -322,10 +322,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         _ => return fail("give --body FILE or --lat and --lon".into()),
     };
     if let Some(age) = args.age {
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "an age in seconds given on the command line, far inside i64 milliseconds"
-        )]
+        #[expect(clippy::cast_possible_truncation, reason = "a CLI age, inside i64 ms")]
         let at = UnixMillis(now.0 - (age * 1000.0).round() as i64);
         facts.time = EventTime::At(at);
     }

@@ -17,10 +17,7 @@ pub struct UnixMillis(pub i64);
 impl UnixMillis {
     /// The system's wall clock. Only [`Sources::system`] reads it; everything else is given
     /// a [`Sources`] or takes `now` as an argument.
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the one reading of the system wall clock, behind the Sources seam"
-    )]
+    #[expect(clippy::disallowed_methods, reason = "the Sources seam's wall clock")]
     fn system() -> Self {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -42,10 +39,7 @@ impl UnixMillis {
 /// A duration or offset in milliseconds as seconds, with fractions: the one conversion
 /// behind every seconds-valued metric and explanation.
 pub fn millis_to_secs(ms: i64) -> f64 {
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "exact to the millisecond below 2^52 ms, about 142,000 years"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "exact below 2^52 ms")]
     let secs = ms as f64 / 1000.0;
     secs
 }
@@ -60,10 +54,7 @@ pub struct Sources {
 
 impl Sources {
     /// The system wall clock and `fastrand`'s thread-local generator.
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the one use of the process's random generator, behind the Sources seam"
-    )]
+    #[expect(clippy::disallowed_methods, reason = "the Sources seam's random draw")]
     pub fn system() -> Self {
         Sources::new(UnixMillis::system, fastrand::f64)
     }

@@ -191,11 +191,8 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             tick.tick().await;
             pressure_sum += pressure.pressure().get();
             samples += 1;
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a non-negative request count of one phase"
-            )]
+            #[expect(clippy::cast_possible_truncation, reason = "a count, >= 0")]
+            #[expect(clippy::cast_sign_loss, reason = "a count, >= 0")]
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             while sent < due {
                 sent += 1;
@@ -345,10 +342,7 @@ async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Ev
     }
 }
 
-#[expect(
-    clippy::cast_precision_loss,
-    reason = "request counts of a demo run stay far below 2^52"
-)]
+#[expect(clippy::cast_precision_loss, reason = "demo counts below 2^52")]
 fn pct(n: u64, of: u64) -> String {
     if of == 0 {
         "-".into()

@@ -125,10 +125,7 @@ impl<IO> ClientIo<IO> {
     /// The guarded connection back, when nothing is under way on it (parked between
     /// requests, `edge::keepalive`): no head part-way, no lingering close, nothing unread.
     /// Otherwise `Err(self)`, unchanged.
-    #[expect(
-        clippy::result_large_err,
-        reason = "Err gives the lifecycle back to be served on, it is not an error to box"
-    )]
+    #[expect(clippy::result_large_err, reason = "Err hands the lifecycle back")]
     pub fn into_guard(self) -> Result<FramingGuard<IO>, Self> {
         if self.head.is_none() && matches!(self.linger, Linger::Open) && self.unread.is_empty() {
             Ok(self.io)

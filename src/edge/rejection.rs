@@ -169,11 +169,8 @@ pub fn retry_after(pressure: Pressure, draw: f64, policy: crate::policy::RetryAf
     let centre = f64::from(policy.base.max(1))
         * (1.0 + 8.0 * (pressure.get() - Pressure::SHED_FLOOR.get()).max(0.0));
     let jittered = centre * (0.5 + draw.clamp(0.0, 1.0));
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "clamped to [1, max] just before"
-    )]
+    #[expect(clippy::cast_possible_truncation, reason = "clamped to [1, max]")]
+    #[expect(clippy::cast_sign_loss, reason = "clamped to [1, max]")]
     let secs = jittered.ceil().clamp(1.0, f64::from(max.max(1))) as u32;
     secs
 }

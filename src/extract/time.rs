@@ -62,10 +62,7 @@ pub fn parse_unix_number(n: f64) -> Option<UnixMillis> {
         return None;
     }
     // Float-to-int `as` saturates and the range was checked above.
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "plausible times are far inside i64 milliseconds; beyond saturates and is implausible"
-    )]
+    #[expect(clippy::cast_possible_truncation, reason = "range checked")]
     Some(UnixMillis(ms.round() as i64))
 }
 

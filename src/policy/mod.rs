@@ -140,11 +140,8 @@ pub struct ClassPolicy {
 impl ClassPolicy {
     /// In-flight requests the class may hold out of `capacity` (at least 1), if budgeted.
     pub fn limit(&self, capacity: u32) -> Option<u32> {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "budget in [0, 1] times a u32 capacity, rounded up, fits u32"
-        )]
+        #[expect(clippy::cast_possible_truncation, reason = "a [0, 1] share of a u32")]
+        #[expect(clippy::cast_sign_loss, reason = "a [0, 1] share of a u32")]
         self.budget
             .map(|b| ((b * f64::from(capacity)).ceil() as u32).max(1))
     }

@@ -114,18 +114,12 @@ impl<'de> Visitor<'de> for ItemVisitor {
         Ok(Item::Number(v))
     }
 
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "a coordinate written as an integer beyond 2^53 is out of range anyway"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "beyond 2^53 is out of range")]
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Item, E> {
         Ok(Item::Number(v as f64))
     }
 
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "a coordinate written as an integer beyond 2^53 is out of range anyway"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "beyond 2^53 is out of range")]
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Item, E> {
         Ok(Item::Number(v as f64))
     }

@@ -7,10 +7,7 @@
 //! events all delivered, shed share in rank order every second, pressure back at or below
 //! 0.5 within 3 s of the overload's end.
 
-#![expect(
-    clippy::cast_precision_loss,
-    reason = "rates and milliseconds from counts of one scenario, far below 2^52"
-)]
+#![expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,10 +2,7 @@
 //! and controller against a simulated upstream of known capacity, with seeded arrivals of
 //! events from real geography. Each scenario asserts accepted ranges, not exact values.
 
-#![expect(
-    clippy::cast_precision_loss,
-    reason = "rates and milliseconds from counts of one scenario, far below 2^52"
-)]
+#![expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
 use std::sync::Arc;
 use std::time::Duration;
 

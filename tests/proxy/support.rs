@@ -1,11 +1,8 @@
 //! Test harness: a recording mock upstream, a policy directory builder, an in-process proxy
 //! on ephemeral loopback ports, a client, and metric scraping.
 
-#![allow(
-    dead_code,
-    unreachable_pub,
-    reason = "a harness shared by test modules: not every module uses every helper"
-)]
+#![allow(dead_code, reason = "not every module uses every helper")]
+#![allow(unreachable_pub, reason = "not every module uses every helper")]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

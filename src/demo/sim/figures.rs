@@ -23,10 +23,7 @@ pub struct Figures {
 
 impl Figures {
     /// Figures of `seconds[window]` against an upstream of `capacity` requests per second.
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "second counts and request counts of a run stay far below 2^52"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "counts of a run, below 2^52")]
     pub fn of(seconds: &[Second], window: std::ops::Range<usize>, capacity: f64) -> Figures {
         let w = &seconds[window];
         let n = w.len().max(1) as f64;
@@ -39,11 +36,8 @@ impl Figures {
             .flat_map(|s| s.latencies_ms.iter().copied())
             .collect();
         lat.sort_by(f64::total_cmp);
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a quantile index in [0, len - 1]"
-        )]
+        #[expect(clippy::cast_possible_truncation, reason = "an index in [0, len - 1]")]
+        #[expect(clippy::cast_sign_loss, reason = "an index in [0, len - 1]")]
         let pct = |q: f64| {
             lat.get(((lat.len().saturating_sub(1)) as f64 * q) as usize)
                 .copied()
