@@ -47,7 +47,7 @@ use std::time::Duration;
 mod ramp;
 
 use super::{COLD_SETPOINT, LATENCY_SETPOINT, SETPOINT};
-use ramp::{Ramp, Shedding};
+use ramp::Ramp;
 
 /// Time constant with which the no-load latency rises toward the smoothed latency at rest,
 /// while the in-flight count is not growing. Slow next to a tick, fast next to a deploy: a
@@ -379,21 +379,17 @@ impl NoLoad {
         // error is their minimum). With confidence under 1 the latency error is scaled down
         // and the loop holds latency higher: the test may then take a drained queue for the
         // upstream at a low sample rate.
-        let steered = self.value.map_or(0.0, |v| {
-            if t.cold && !self.verified {
-                return COLD_SETPOINT * t.target;
-            }
-            let reference = if self.verified { SETPOINT * v } else { v };
-            reference.max(LATENCY_SETPOINT * t.target)
-        });
-        let shedding = Shedding {
-            effort: t.effort,
-            answered: t.tick_mean.is_some(),
-            smoothed: t.smoothed,
-            steered,
-            dt,
+        let (value, verified) = (self.value, self.verified);
+        let steered = || {
+            value.map_or(0.0, |v| {
+                if t.cold && !verified {
+                    return COLD_SETPOINT * t.target;
+                }
+                let reference = if verified { SETPOINT * v } else { v };
+                reference.max(LATENCY_SETPOINT * t.target)
+            })
         };
-        if let Some(latency) = self.ramp.shed(shedding) {
+        if let Some(latency) = self.ramp.shed(&t, dt, steered) {
             self.verify(latency);
             return;
         }

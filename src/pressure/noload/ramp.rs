@@ -4,7 +4,7 @@
 
 use super::{
     RAMP_RISE, RAMP_TEST_FALL, RAMP_TEST_GAP_TICKS, RAMP_TEST_MIN_RISE, RAMP_TEST_TAUS, RAMP_TICKS,
-    SETTLED_TICKS,
+    SETTLED_TICKS, TickInput,
 };
 use crate::pressure::{LATENCY_TAU, TICK};
 
@@ -53,21 +53,6 @@ struct RampTest {
     /// [`RAMP_TEST_GAP_TICKS`] the effort unwound (latency fell: a queue drained), and the
     /// test is dropped.
     gap: u32,
-}
-
-/// What the loop's shedding does at a tick, for the take-back test.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Shedding {
-    /// Whether an effort was built before this tick.
-    pub(super) effort: bool,
-    /// Whether the tick had answers.
-    pub(super) answered: bool,
-    /// The smoothed latency, seconds.
-    pub(super) smoothed: f64,
-    /// Where the loop steers latency, seconds ([`RAMP_TEST_FALL`]).
-    pub(super) steered: f64,
-    /// The tick's length, seconds.
-    pub(super) dt: f64,
 }
 
 impl Default for Ramp {
@@ -130,11 +115,18 @@ impl Ramp {
         };
     }
 
-    /// A tick while a take-back's test may run: `Some(latency)` (seconds) when the test has
-    /// found the rise to be the upstream's own latency (shedding did not lower it).
-    pub(super) fn shed(&mut self, s: Shedding) -> Option<f64> {
+    /// A tick `dt` seconds long while a take-back's test may run, with `steered` where the
+    /// loop steers latency (seconds, [`RAMP_TEST_FALL`]; read only when the test concludes):
+    /// `Some(latency)` (seconds) when the test has found the rise to be the upstream's own
+    /// latency (shedding did not lower it).
+    pub(super) fn shed(
+        &mut self,
+        t: &TickInput,
+        dt: f64,
+        steered: impl FnOnce() -> f64,
+    ) -> Option<f64> {
         let test = self.test.as_mut()?;
-        if !s.effort {
+        if !t.effort {
             test.waited += 1;
             test.gap += 1;
             let unwound = test.shed_for > 0.0 && test.gap > RAMP_TEST_GAP_TICKS;
@@ -144,18 +136,18 @@ impl Ramp {
             return None;
         }
         test.gap = 0;
-        if !s.answered {
-            return None;
-        }
-        test.shed_for += s.dt.min(2.0 * TICK.as_secs_f64());
+        // Silent ticks neither count nor are read (a hang's backlog would read as no fall).
+        t.tick_mean?;
+        test.shed_for += dt.min(2.0 * TICK.as_secs_f64());
         if test.shed_for < 2.0 * test.suspect + RAMP_TEST_TAUS * LATENCY_TAU.as_secs_f64() {
             return None;
         }
         let suspect = test.suspect;
         self.test = None;
-        let conclusive = suspect >= RAMP_TEST_MIN_RISE * s.steered;
-        let fell = s.smoothed < s.steered + RAMP_TEST_FALL * (suspect - s.steered);
-        (conclusive && !fell && s.smoothed > 0.0).then_some(s.smoothed)
+        let steered = steered();
+        let conclusive = suspect >= RAMP_TEST_MIN_RISE * steered;
+        let fell = t.smoothed < steered + RAMP_TEST_FALL * (suspect - steered);
+        (conclusive && !fell && t.smoothed > 0.0).then_some(t.smoothed)
     }
 
     /// Learning at rest raising the value from `value` to `next` (seconds), at the
