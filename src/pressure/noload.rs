@@ -45,6 +45,8 @@
 use std::time::Duration;
 
 mod ramp;
+#[cfg(test)]
+mod tests;
 
 use super::{COLD_SETPOINT, LATENCY_SETPOINT, SETPOINT};
 use ramp::Ramp;

@@ -1,0 +1,210 @@
+//! The no-load learner's unit tests: ticks built by hand, fed to [`NoLoad`] alone.
+
+use super::{NoLoad, TickInput};
+use crate::pressure::TICK;
+
+/// One tick for the no-load learner: 2 requests in flight, a share of 2, latency `latency`
+/// (seconds, the tick's mean and the smoothed one alike) against a 50 ms target; `effort`
+/// and `over_cap` as the controller passes them.
+fn learner_tick(latency: f64, effort: bool, over_cap: bool) -> TickInput {
+    TickInput {
+        inflight: 2,
+        tick_mean: Some(latency),
+        utilisation: 1.0,
+        still_offered: true,
+        smoothed: latency,
+        target: 0.05,
+        effort,
+        over_cap,
+        share: 2.0,
+        cold: false,
+    }
+}
+
+/// Feeds `ticks` ticks of `latency` (seconds) to a no-load learner, `effort` and `over_cap`
+/// as the controller passes them.
+fn feed(n: &mut NoLoad, ticks: u32, latency: f64, effort: bool, over_cap: bool) {
+    for _ in 0..ticks {
+        n.update(learner_tick(latency, effort, over_cap), TICK.as_secs_f64());
+    }
+}
+
+/// Feeds a latency rising from `from` by `per_tick` each tick (seconds) for `ticks` ticks,
+/// at rest.
+fn ramp_up(n: &mut NoLoad, from: f64, per_tick: f64, ticks: u32) {
+    for k in 1..=ticks {
+        feed(n, 1, from + per_tick * f64::from(k), false, false);
+    }
+}
+
+/// A learner that learned 20 ms at rest, then followed a latency rising by `per_tick`
+/// seconds a tick for two seconds (40 ticks), and took that rise back.
+fn taken_back(per_tick: f64) -> NoLoad {
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, per_tick, 40);
+    n
+}
+
+#[test]
+fn learning_at_rest_waits_after_the_loop_was_engaged() {
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    assert_eq!(n.value(), Some(0.02));
+    // Shedding while the fleet's queue holds 45 ms, then back at rest with it still there:
+    // the queue is not learned as the no-load latency within the hold. 1.9 s at rest (the
+    // hold is two seconds; LEARN_TAU would learn it in about one).
+    feed(&mut n, 20, 0.045, true, false);
+    feed(&mut n, 38, 0.045, false, false);
+    assert_eq!(n.value(), Some(0.02));
+    // It still falls at once, and after the hold it rises again: a slower upstream is
+    // learned, two seconds late.
+    feed(&mut n, 1, 0.015, false, false);
+    assert_eq!(n.value(), Some(0.015));
+    feed(&mut n, 40, 0.045, false, false);
+    assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
+}
+
+#[test]
+fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
+    // In-flight around the cap's reference: the cap term sheds one tick in five, with no
+    // effort. A slower upstream (20 -> 45 ms) is still learned at rest in between.
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    for _ in 0..12 {
+        feed(&mut n, 1, 0.045, false, true);
+        feed(&mut n, 4, 0.045, false, false);
+    }
+    assert!(n.value().is_some_and(|v| v > 0.04), "{:?}", n.value());
+}
+
+#[test]
+fn a_latency_that_keeps_rising_at_rest_is_a_queue_not_the_upstream() {
+    // 20 ms, then rising 1 ms a tick (20 ms a second; a queue filling at 20 requests a second
+    // in front of a 400 req/s upstream adds 50), past the 50 ms target. Learning at rest
+    // follows for two seconds (40 rising ticks), then takes the rise back and lets the effort
+    // start.
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    ramp_up(&mut n, 0.02, 0.001, 39);
+    assert!(n.value().is_some_and(|v| v > 0.05), "{:?}", n.value());
+    assert!(!n.sustained_growth());
+    feed(&mut n, 1, 0.06, false, false);
+    assert_eq!(n.value(), Some(0.02));
+    assert!(n.sustained_growth());
+    // Until the replica has been at rest at or under the target for two seconds: the
+    // overload has passed.
+    feed(&mut n, 39, 0.02, false, false);
+    assert!(n.sustained_growth());
+    feed(&mut n, 1, 0.02, false, false);
+    assert!(!n.sustained_growth());
+}
+
+#[test]
+fn a_rise_is_taken_back_no_lower_than_a_slower_upstream_learned_before_it() {
+    // The upstream gets three times slower (20 -> 60 ms, over the 50 ms target) and that is
+    // learned; then a queue fills (3 ms a tick). The rise is taken back to 60 ms, not to the
+    // 20 ms of before the slower upstream.
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    feed(&mut n, 60, 0.06, false, false);
+    ramp_up(&mut n, 0.06, 0.003, 40);
+    assert!(n.sustained_growth());
+    assert!(
+        n.value().is_some_and(|v| (0.059..0.0601).contains(&v)),
+        "{:?}",
+        n.value()
+    );
+}
+
+#[test]
+fn a_rise_that_shedding_does_not_lower_is_the_upstream_getting_slower() {
+    // The upstream gets five times slower over two seconds (20 -> 100 ms, 2 ms a tick): a
+    // rise like a queue filling, taken back. The loop then sheds for twice the latency at
+    // the take-back plus 1.5 LATENCY_TAU (200 + 225 ms: nine ticks), and latency stays: the
+    // upstream's own, verified, and the effort no longer may start.
+    let mut n = taken_back(0.002);
+    assert_eq!(n.value(), Some(0.02));
+    assert!(n.sustained_growth());
+    feed(&mut n, 8, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+    feed(&mut n, 1, 0.1, true, false);
+    assert_eq!(n.reference(), Some(0.1));
+    assert!(!n.sustained_growth());
+}
+
+#[test]
+fn a_rise_that_shedding_lowers_is_a_queue() {
+    // A rise to 80 ms taken back; shedding lowers latency to 60 ms, more than half the way
+    // down to where the loop steers it (0.9 times the 50 ms target, over the 20 ms learned:
+    // 45 ms), though not to 70% of 80 ms: nothing is verified, and the effort may still
+    // start. The test ran for 160 + 225 ms: eight ticks.
+    let mut n = taken_back(0.0015);
+    feed(&mut n, 8, 0.06, true, false);
+    assert_eq!(n.reference(), None);
+    assert_eq!(n.value(), Some(0.02));
+    assert!(n.sustained_growth());
+    // The test ran once: more shedding at the take-back's latency verifies nothing.
+    feed(&mut n, 10, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+}
+
+#[test]
+fn a_take_back_test_is_dropped_when_its_effort_unwinds_and_counts_at_most_two_ticks_at_once() {
+    // Shedding for five ticks, then four ticks without an effort (it unwound: latency fell),
+    // then shedding again at the take-back's latency: the second shedding is not read
+    // against the first take-back.
+    let mut n = taken_back(0.002);
+    feed(&mut n, 5, 0.1, true, false);
+    feed(&mut n, 4, 0.1, false, true);
+    feed(&mut n, 10, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+    // One tick a second long (a stalled ticker) counts as two ticks, not as the whole test.
+    let mut n = taken_back(0.002);
+    n.update(learner_tick(0.1, true, false), 1.0);
+    assert_eq!(n.reference(), None);
+}
+
+#[test]
+fn a_rise_too_close_to_the_loops_setpoint_stays_a_queue() {
+    // Taken back at 60 ms, under 1.5 times the 45 ms the loop steers to: a queue drained
+    // there would not fall far enough to tell, so latency that stays is not verified.
+    let mut n = taken_back(0.001);
+    assert!(n.sustained_growth());
+    feed(&mut n, 20, 0.06, true, false);
+    assert_eq!(n.reference(), None);
+    assert!(n.sustained_growth());
+}
+
+#[test]
+fn a_take_back_test_counts_only_ticks_with_answers_and_ends_without_shedding() {
+    // Silent ticks while shedding (a hang) do not count toward the test ...
+    let mut n = taken_back(0.002);
+    let silent = TickInput {
+        tick_mean: None,
+        ..learner_tick(0.5, true, false)
+    };
+    for _ in 0..20 {
+        n.update(silent, TICK.as_secs_f64());
+    }
+    assert_eq!(n.reference(), None);
+    // ... and a test whose effort never starts within two seconds is dropped: a later
+    // overload's shedding is not read against it.
+    let mut n = taken_back(0.002);
+    feed(&mut n, 41, 0.1, false, true);
+    feed(&mut n, 10, 0.1, true, false);
+    assert_eq!(n.reference(), None);
+}
+
+#[test]
+fn a_slower_upstream_is_a_step_and_still_learned_at_rest() {
+    // 20 -> 60 ms at once (three times slower), held: learned within about a second, never
+    // taken back, no effort started.
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    for _ in 0..100 {
+        feed(&mut n, 1, 0.06, false, false);
+        assert!(!n.sustained_growth(), "{:?}", n.value());
+    }
+    assert!(n.value().is_some_and(|v| v > 0.059), "{:?}", n.value());
+}
