@@ -7,7 +7,7 @@
 //! of seeds 1–12 and 32 (5) with a lower 3-replica p99 median (57 against 63 ms), and at one
 //! fewer of 1–40 (7 against 8) with about the same (79 against 78 ms).
 //!
-//! Run: `cargo bench --bench fleet` (seeds 1–40, about 30 seconds once built), or with
+//! Run: `cargo bench --bench fleet` (seeds 1–40, about 40 seconds once built), or with
 //! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others. Prints, per
 //! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
 //! admitted p99 (`inf` when nothing completed within the 1 s timeout) or shed share, their

@@ -482,19 +482,25 @@ async fn a_burst_to_a_fast_upstream_sheds_nothing() {
 /// learned share grew with it, and with the share the in-flight growth test's threshold, so
 /// nothing was shed and in the last ten seconds nothing completed within the 1 s timeout
 /// (goodput 0%; 44.9% of never-shed events delivered over the run). Now a rise that lasts is
-/// taken back (`shedgate::pressure::noload::RAMP_TICKS`): 94.0%, p99 61 ms, 10.9% shed. A
-/// bound, not the ranges: over seeds 1-40 (`cargo bench --bench fleet`) two seeds
-/// still lose over half the capacity, and the loop starts hard when a rise is taken back, so
+/// taken back (`shedgate::pressure::noload::RAMP_TICKS`): 94.0%, p99 61 ms, 10.9% shed. At
+/// seed 5 the rise's runs ended at the first raise under `RAMP_RISE` (a growing value's
+/// share), 23, 29 and 37 rising ticks long, and it was lost the same way (goodput 0%, 55.7%
+/// of never-shed events delivered); such raises now pause a run: 95.5%, p99 66 ms. A bound,
+/// not the ranges: over seeds 1-40 (`cargo bench --bench fleet`) no seed loses half
+/// the capacity any more, but p99 is over 100 ms at five, and the loop starts hard when a
+/// rise is taken back, so
 /// at seeds 1, 2 and 16 (of 1, 2, 13, 16, 19 and 25 tried) one second's shed shares came out
 /// of rank order (a priority band's one event of six shed where the default band lost 3%;
 /// docs/pressure.md "Differs").
 #[tokio::test(start_paused = true)]
 async fn a_mild_overload_is_not_learned_as_the_upstreams_latency() {
-    let (s, cap) = run(&[(5, 0.8), (35, 1.05)], vec![], 19).await;
-    let text = summary(&s, cap);
-    assert_invariants(&s, &text);
-    let late = figures("1.05x, its last ten seconds", &s, 30..40, cap);
-    assert!(late.goodput >= 0.9, "{late}\n{text}");
-    assert!(late.p99_ms <= 100.0, "{late}\n{text}");
-    assert!(late.shed > 0.0, "{late}\n{text}");
+    for seed in [19, 5] {
+        let (s, cap) = run(&[(5, 0.8), (35, 1.05)], vec![], seed).await;
+        let text = summary(&s, cap);
+        assert_invariants(&s, &text);
+        let late = figures("1.05x, its last ten seconds", &s, 30..40, cap);
+        assert!(late.goodput >= 0.9, "seed {seed}: {late}\n{text}");
+        assert!(late.p99_ms <= 100.0, "seed {seed}: {late}\n{text}");
+        assert!(late.shed > 0.0, "seed {seed}: {late}\n{text}");
+    }
 }

@@ -12,7 +12,8 @@ use crate::pressure::{LATENCY_TAU, TICK};
 /// a queue filling rather than a slower upstream.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ramp {
-    /// Rising ticks in a row (raises of at least [`RAMP_RISE`]).
+    /// Rising ticks (raises of at least [`RAMP_RISE`]) in a run: one that learning at rest
+    /// has not settled ([`SETTLED_TICKS`]) nor lowered since it began.
     rising: u32,
     /// The value before the first of them, seconds.
     base: f64,
@@ -53,6 +54,18 @@ struct RampTest {
     /// [`RAMP_TEST_GAP_TICKS`] the effort unwound (latency fell: a queue drained), and the
     /// test is dropped.
     gap: u32,
+}
+
+impl RampTest {
+    /// A test of a rise taken back at the smoothed latency `suspect` (seconds).
+    fn at(suspect: f64) -> Self {
+        RampTest {
+            suspect,
+            shed_for: 0.0,
+            waited: 0,
+            gap: 0,
+        }
+    }
 }
 
 impl Default for Ramp {
@@ -146,6 +159,12 @@ impl Ramp {
         self.test = None;
         let steered = steered();
         let conclusive = suspect >= RAMP_TEST_MIN_RISE * steered;
+        if !conclusive && t.smoothed > suspect {
+            // Latency rose under the shedding: a slowdown still building up, tested again
+            // from where it has got to.
+            self.test = Some(RampTest::at(t.smoothed));
+            return None;
+        }
         let fell = t.smoothed < steered + RAMP_TEST_FALL * (suspect - steered);
         (conclusive && !fell && t.smoothed > 0.0).then_some(t.smoothed)
     }
@@ -154,10 +173,11 @@ impl Ramp {
     /// `smoothed` latency: what it becomes.
     pub(super) fn raise(&mut self, value: f64, next: f64, smoothed: f64) -> f64 {
         if next < value * (1.0 + RAMP_RISE) {
-            self.rising = 0;
+            // A small raise neither counts nor breaks the run; a settled value ends it.
             self.settled = self.settled.saturating_add(1);
             if self.settled >= SETTLED_TICKS {
                 self.anchor = next;
+                self.rising = 0;
             }
             return next;
         }
@@ -171,12 +191,7 @@ impl Ramp {
         }
         self.rising = 0;
         self.taken_back = true;
-        self.test = Some(RampTest {
-            suspect: smoothed,
-            shed_for: 0.0,
-            waited: 0,
-            gap: 0,
-        });
+        self.test = Some(RampTest::at(smoothed));
         self.base.min(self.anchor)
     }
 }

@@ -208,3 +208,41 @@ fn a_slower_upstream_is_a_step_and_still_learned_at_rest() {
     }
     assert!(n.value().is_some_and(|v| v > 0.059), "{:?}", n.value());
 }
+
+#[test]
+fn a_rise_too_close_to_tell_that_goes_on_rising_under_shedding_is_tested_again() {
+    // Taken back at 60 ms, too close to the 45 ms the loop steers to for the test to
+    // conclude, but latency rose to 70 ms while the loop shed (60 ms takes seven ticks):
+    // a slowdown still building up. The test starts again from 70 ms (eight ticks), which
+    // shedding does not lower either: the upstream's own, verified.
+    let mut n = taken_back(0.001);
+    feed(&mut n, 7, 0.07, true, false);
+    assert_eq!(n.reference(), None);
+    feed(&mut n, 7, 0.07, true, false);
+    assert_eq!(n.reference(), None);
+    feed(&mut n, 1, 0.07, true, false);
+    assert_eq!(n.reference(), Some(0.07));
+}
+
+#[test]
+fn a_queue_that_fills_is_taken_back_though_noise_brings_its_raises_under_ramp_rise() {
+    // 20 ms, then rising 2 ms a tick, but every tenth tick latency dips to just over the
+    // learned value (noise), so that tick's raise is under RAMP_RISE. Such ticks neither
+    // count nor break the run: the rise is taken back after 40 rising ticks.
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    let mut taken = None;
+    for k in 1..=60 {
+        let latency = match n.value() {
+            Some(v) if k % 10 == 0 => v * 1.001,
+            _ => 0.02 + 0.002 * f64::from(k),
+        };
+        feed(&mut n, 1, latency, false, false);
+        if n.sustained_growth() {
+            taken = Some(k);
+            break;
+        }
+    }
+    assert_eq!(taken, Some(44), "{:?}", n.value());
+    assert_eq!(n.value(), Some(0.02));
+}
