@@ -8,7 +8,8 @@
 //! fewer of 1–40 (7 against 8) with about the same (79 against 78 ms).
 //!
 //! Run: `cargo bench --bench fleet` (seeds 1–40, about 40 seconds once built), or with
-//! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others. Prints, per
+//! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, and
+//! `-- --case 1.05x` for only the scenarios whose name contains that text. Prints, per
 //! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
 //! admitted p99 (`inf` when nothing completed within the 1 s timeout) or shed share, their
 //! median and worst, how many seeds served under half the capacity, and per scenario how
@@ -168,16 +169,43 @@ fn met(f: &Figures, check: Check) -> bool {
     }
 }
 
+/// The value of `--NAME VALUE` or `--NAME=VALUE` on the command line, if given (an empty
+/// string for a trailing `--NAME`).
+fn option(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = format!("--{name}");
+    let prefix = format!("--{name}=");
+    match args.iter().position(|a| *a == flag) {
+        Some(i) => Some(args.get(i + 1).cloned().unwrap_or_default()),
+        None => args
+            .iter()
+            .find_map(|a| a.strip_prefix(&prefix))
+            .map(str::to_owned),
+    }
+}
+
+/// The scenarios to run: those whose name contains `--case TEXT`, or all. Panics, listing
+/// the names, when none does.
+fn selected() -> Vec<Case> {
+    let all = cases();
+    let Some(text) = option("case") else {
+        return all;
+    };
+    let names: Vec<String> = all.iter().map(|c| c.name.clone()).collect();
+    let chosen: Vec<Case> = all.into_iter().filter(|c| c.name.contains(&text)).collect();
+    assert!(
+        !chosen.is_empty(),
+        "--case {text:?} is in no scenario's name; the names:\n{}",
+        names.join("\n")
+    );
+    chosen
+}
+
 /// The seeds: `--seeds LIST` or `--seeds=LIST`, a list of seeds and inclusive ranges
 /// (`1-12,32`), each once, in order; default 1–40. Panics on anything else, naming it.
 fn seeds() -> Vec<u64> {
-    let args: Vec<String> = std::env::args().collect();
-    let spec = match args.iter().position(|a| a == "--seeds") {
-        Some(i) => args.get(i + 1).cloned().unwrap_or_default(),
-        None => match args.iter().find_map(|a| a.strip_prefix("--seeds=")) {
-            Some(list) => list.to_owned(),
-            None => return (1..=40).collect(),
-        },
+    let Some(spec) = option("seeds") else {
+        return (1..=40).collect();
     };
     let parse = |s: &str| {
         s.trim().parse::<u64>().unwrap_or_else(|_| {
@@ -222,7 +250,7 @@ fn main() {
         P99_TARGETS * TARGET.as_secs_f64() * 1e3,
         NOT_SHED * 100.0
     );
-    for case in cases() {
+    for case in selected() {
         let runs: Vec<Vec<Figures>> = seeds
             .iter()
             .map(|&seed| runtime.block_on(run(&case, &policy, seed)))
