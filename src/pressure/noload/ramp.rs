@@ -8,13 +8,23 @@ use super::{
 };
 use crate::pressure::{LATENCY_TAU, TICK};
 
+/// Raises, rising or small, after which a run that has not reached [`RAMP_TICKS`] rising
+/// ticks ends: four seconds' worth, so that at least half of a run's raises are rising ones
+/// and a rise is never taken back further than four seconds of raises. Without it, a slow
+/// rise with noise (8-9% a second, 1-3% of noise a tick, in a model of this rule) would be
+/// followed for 6-17 s and taken back to 1.8-4.7 times under its latency.
+const RUN_SPAN: u32 = 2 * RAMP_TICKS;
+
 /// The ramp test of learning at rest ([`RAMP_TICKS`]): whether the value has been following
 /// a queue filling rather than a slower upstream.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ramp {
     /// Rising ticks (raises of at least [`RAMP_RISE`]) in a run: one that learning at rest
-    /// has not settled ([`SETTLED_TICKS`]) nor lowered since it began.
+    /// has not settled ([`SETTLED_TICKS`]) nor lowered since it began, with the loop at rest
+    /// and no silence over [`RAMP_TICKS`] ticks, and of at most [`RUN_SPAN`] raises.
     rising: u32,
+    /// Small raises (under [`RAMP_RISE`]) in the run: they pause it.
+    paused: u32,
     /// The value before the first of them, seconds.
     base: f64,
     /// The value learning last settled at, seconds (infinite until then): at a tick with
@@ -22,7 +32,8 @@ pub(super) struct Ramp {
     /// slower upstream learned), or verified. A rise taken back goes no higher than this
     /// (a queue that fills slowly also rises in runs broken by dips, each learned in part).
     anchor: f64,
-    /// Small raises in a row.
+    /// Small raises since the last rising tick (falls and ticks without a raise do not reset
+    /// the count).
     settled: u32,
     /// Ticks without answers in a row: a silence longer than [`RAMP_TICKS`] ends a run.
     silent: u32,
@@ -41,11 +52,15 @@ pub(super) struct Ramp {
 /// The test of a rise taken back: does shedding lower latency?
 #[derive(Debug, Clone, Copy)]
 struct RampTest {
-    /// The smoothed latency when the rise was taken back, seconds.
+    /// The smoothed latency when the rise was taken back, or when the test started again,
+    /// seconds.
     suspect: f64,
-    /// Time the loop has shed with an effort since, over ticks with answers, seconds.
+    /// Time the loop has shed with an effort since the test (re)started, over ticks with
+    /// answers, seconds.
     shed_for: f64,
-    /// Ticks without an effort since the take-back: past [`RAMP_TICKS`] the test is dropped,
+    /// Whether the test has started again once: it does not again.
+    again: bool,
+    /// Ticks without an effort since the test (re)started: past [`RAMP_TICKS`] it is dropped,
     /// so that a later shedding, perhaps another overload's, is not read against this
     /// take-back. So is a silence past [`RAMP_TICKS`] (the answers after a hang hold its
     /// backlog).
@@ -62,6 +77,7 @@ impl RampTest {
         RampTest {
             suspect,
             shed_for: 0.0,
+            again: false,
             waited: 0,
             gap: 0,
         }
@@ -72,6 +88,7 @@ impl Default for Ramp {
     fn default() -> Self {
         Ramp {
             rising: 0,
+            paused: 0,
             base: 0.0,
             anchor: f64::INFINITY,
             settled: 0,
@@ -155,14 +172,17 @@ impl Ramp {
         if test.shed_for < 2.0 * test.suspect + RAMP_TEST_TAUS * LATENCY_TAU.as_secs_f64() {
             return None;
         }
-        let suspect = test.suspect;
+        let (suspect, again) = (test.suspect, test.again);
         self.test = None;
         let steered = steered();
         let conclusive = suspect >= RAMP_TEST_MIN_RISE * steered;
-        if !conclusive && t.smoothed > suspect {
-            // Latency rose under the shedding: a slowdown still building up, tested again
-            // from where it has got to.
-            self.test = Some(RampTest::at(t.smoothed));
+        if !conclusive && !again && t.smoothed > suspect {
+            // Latency rose under the shedding: a slowdown still building up, tested again,
+            // once, from where it has got to.
+            self.test = Some(RampTest {
+                again: true,
+                ..RampTest::at(t.smoothed)
+            });
             return None;
         }
         let fell = t.smoothed < steered + RAMP_TEST_FALL * (suspect - steered);
@@ -173,17 +193,25 @@ impl Ramp {
     /// `smoothed` latency: what it becomes.
     pub(super) fn raise(&mut self, value: f64, next: f64, smoothed: f64) -> f64 {
         if next < value * (1.0 + RAMP_RISE) {
-            // A small raise neither counts nor breaks the run; a settled value ends it.
+            // A small raise neither counts nor breaks the run; a settled value ends it, and
+            // so does a run that has spanned RUN_SPAN raises.
             self.settled = self.settled.saturating_add(1);
             if self.settled >= SETTLED_TICKS {
                 self.anchor = next;
                 self.rising = 0;
+            }
+            if self.rising > 0 {
+                self.paused += 1;
+                if self.rising + self.paused >= RUN_SPAN {
+                    self.rising = 0;
+                }
             }
             return next;
         }
         self.settled = 0;
         if self.rising == 0 {
             self.base = value;
+            self.paused = 0;
         }
         self.rising += 1;
         if self.rising < RAMP_TICKS {

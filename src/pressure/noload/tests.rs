@@ -212,9 +212,10 @@ fn a_slower_upstream_is_a_step_and_still_learned_at_rest() {
 #[test]
 fn a_rise_too_close_to_tell_that_goes_on_rising_under_shedding_is_tested_again() {
     // Taken back at 60 ms, too close to the 45 ms the loop steers to for the test to
-    // conclude, but latency rose to 70 ms while the loop shed (60 ms takes seven ticks):
-    // a slowdown still building up. The test starts again from 70 ms (eight ticks), which
-    // shedding does not lower either: the upstream's own, verified.
+    // conclude; the test reads latency after 2 x 60 + 225 ms of shedding (seven ticks), and
+    // it has risen to 70 ms, as a slowdown still building up does. The test starts again
+    // from 70 ms (2 x 70 + 225 ms: eight ticks), which shedding does not lower either: the
+    // upstream's own, verified.
     let mut n = taken_back(0.001);
     feed(&mut n, 7, 0.07, true, false);
     assert_eq!(n.reference(), None);
@@ -245,4 +246,50 @@ fn a_queue_that_fills_is_taken_back_though_noise_brings_its_raises_under_ramp_ri
     }
     assert_eq!(taken, Some(44), "{:?}", n.value());
     assert_eq!(n.value(), Some(0.02));
+}
+
+#[test]
+fn a_take_back_test_starts_again_only_once() {
+    // Taken back at 60 ms (too close to the 45 ms the loop steers to), latency 65 ms when
+    // the test reads it (2 x 60 + 225 ms: seven ticks): it starts again from 65 ms. Still
+    // too close, and latency rose again (70 ms, eight ticks later): a queue growing under a
+    // shedding too weak to drain it yet looks the same, so the test does not start a third
+    // time, and 70 ms is never verified.
+    let mut n = taken_back(0.001);
+    feed(&mut n, 7, 0.065, true, false);
+    feed(&mut n, 8, 0.07, true, false);
+    feed(&mut n, 20, 0.07, true, false);
+    assert_eq!(n.reference(), None);
+    assert!(n.sustained_growth());
+}
+
+/// Feeds rises from 20 ms at rest in a repeating pattern: one raise of 3% of the learned
+/// value (a rising tick), then `small` raises of 0.015% (under RAMP_RISE), for `ticks` ticks;
+/// returns the tick at which the rise was taken back, if it was.
+fn rises_with_small_ones_between(small: u32, ticks: u32) -> Option<u32> {
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    for k in 0..ticks {
+        let v = n.value().unwrap_or(0.02);
+        // Learning at rest moves the value 15.4% of the way to the latency a tick.
+        let latency = if k % (small + 1) == 0 {
+            v * 1.2
+        } else {
+            v * 1.001
+        };
+        feed(&mut n, 1, latency, false, false);
+        if n.sustained_growth() {
+            return Some(k + 1);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_run_of_rises_spans_at_most_twice_ramp_ticks_raises() {
+    // One small raise after each rising tick: the 40th rising tick is the 79th raise, and
+    // the rise is taken back there. Two after each: 40 rising ticks would span 118 raises,
+    // over the 80 a run may; runs end and start again, and none is taken back.
+    assert_eq!(rises_with_small_ones_between(1, 200), Some(79));
+    assert_eq!(rises_with_small_ones_between(2, 200), None);
 }
