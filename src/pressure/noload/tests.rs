@@ -37,19 +37,24 @@ fn ramp_up(n: &mut NoLoad, from: f64, per_tick: f64, ticks: u32) {
     }
 }
 
+/// A learner that learned 20 ms at rest over two seconds.
+fn rested() -> NoLoad {
+    let mut n = NoLoad::default();
+    feed(&mut n, 40, 0.02, false, false);
+    n
+}
+
 /// A learner that learned 20 ms at rest, then followed a latency rising by `per_tick`
 /// seconds a tick for two seconds (40 ticks), and took that rise back.
 fn taken_back(per_tick: f64) -> NoLoad {
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     ramp_up(&mut n, 0.02, per_tick, 40);
     n
 }
 
 #[test]
 fn learning_at_rest_waits_after_the_loop_was_engaged() {
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     assert_eq!(n.value(), Some(0.02));
     // Shedding while the fleet's queue holds 45 ms, then back at rest with it still there:
     // the queue is not learned as the no-load latency within the hold. 1.9 s at rest (the
@@ -69,8 +74,7 @@ fn learning_at_rest_waits_after_the_loop_was_engaged() {
 fn a_safety_cap_flickering_does_not_hold_learning_at_rest() {
     // In-flight around the cap's reference: the cap term sheds one tick in five, with no
     // effort. A slower upstream (20 -> 45 ms) is still learned at rest in between.
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     for _ in 0..12 {
         feed(&mut n, 1, 0.045, false, true);
         feed(&mut n, 4, 0.045, false, false);
@@ -84,8 +88,7 @@ fn a_latency_that_keeps_rising_at_rest_is_a_queue_not_the_upstream() {
     // in front of a 400 req/s upstream adds 50), past the 50 ms target. Learning at rest
     // follows for two seconds (40 rising ticks), then takes the rise back and lets the effort
     // start.
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     ramp_up(&mut n, 0.02, 0.001, 39);
     assert!(n.value().is_some_and(|v| v > 0.05), "{:?}", n.value());
     assert!(!n.sustained_growth());
@@ -105,8 +108,7 @@ fn a_rise_is_taken_back_no_lower_than_a_slower_upstream_learned_before_it() {
     // The upstream gets three times slower (20 -> 60 ms, over the 50 ms target) and that is
     // learned; then a queue fills (3 ms a tick). The rise is taken back to 60 ms, not to the
     // 20 ms of before the slower upstream.
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     feed(&mut n, 60, 0.06, false, false);
     ramp_up(&mut n, 0.06, 0.003, 40);
     assert!(n.sustained_growth());
@@ -200,8 +202,7 @@ fn a_take_back_test_counts_only_ticks_with_answers_and_ends_without_shedding() {
 fn a_slower_upstream_is_a_step_and_still_learned_at_rest() {
     // 20 -> 60 ms at once (three times slower), held: learned within about a second, never
     // taken back, no effort started.
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     for _ in 0..100 {
         feed(&mut n, 1, 0.06, false, false);
         assert!(!n.sustained_growth(), "{:?}", n.value());
@@ -230,8 +231,7 @@ fn a_queue_that_fills_is_taken_back_though_noise_brings_its_raises_under_ramp_ri
     // 20 ms, then rising 2 ms a tick, but every tenth tick latency dips to just over the
     // learned value (noise), so that tick's raise is under RAMP_RISE. Such ticks neither
     // count nor break the run: the rise is taken back after 40 rising ticks.
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     let mut taken = None;
     for k in 1..=60 {
         let latency = match n.value() {
@@ -267,8 +267,7 @@ fn a_take_back_test_starts_again_only_once() {
 /// value (a rising tick), then `small` raises of 0.015% (under RAMP_RISE), for `ticks` ticks;
 /// returns the tick at which the rise was taken back, if it was.
 fn rises_with_small_ones_between(small: u32, ticks: u32) -> Option<u32> {
-    let mut n = NoLoad::default();
-    feed(&mut n, 40, 0.02, false, false);
+    let mut n = rested();
     for k in 0..ticks {
         let v = n.value().unwrap_or(0.02);
         // Learning at rest moves the value 15.4% of the way to the latency a tick.
