@@ -95,8 +95,8 @@ pub const RAMP_RISE: f64 = 0.005;
 /// 262 -> 74, 78 -> 75, 93 -> 75 and 77 -> 75 ms (1 and 4 replicas, 1.02x and 1.05x).
 /// The cost is that more slowdowns that build up are taken back, and shed by the test of
 /// [`RAMP_TEST_FALL`]: over 1, 2 and 4 s, met (at most 1% shed) at 37, 26 and 36 seeds
-/// instead of 39, 29 and 39, the most shed 2.3% against 1.9% (the two-second case met at
-/// as many seeds as before the test, but sheds at most 1.9% instead of 83%).
+/// instead of 39, 29 and 39, the most shed of the three 2.3% against 1.9% (the two-second
+/// case met at as many seeds as before the test, 26, but sheds at most 1.9% instead of 83%).
 pub const RAMP_TICKS: u32 = 40;
 /// Share of the way from the smoothed latency at a take-back ([`RAMP_TICKS`]) down to where
 /// the loop steers latency (the larger of the learned value, times [`SETPOINT`] once
@@ -108,9 +108,10 @@ pub const RAMP_TICKS: u32 = 40;
 /// upstream's capacity while it got three times slower over two seconds (`cargo bench
 /// --bench fleet`, seeds 1-40) was shed up to 83% for seconds, at 13 seeds, without the
 /// test; with it at most 1.9% (the test's own shedding), met (at most 1% shed) at 29 seeds
-/// against 26 (before small raises paused a ramp run, [`RAMP_RISE`]; since, 26 and 2.3%:
-/// more slowdowns are taken back and tested). It concludes only from [`RAMP_TEST_MIN_RISE`] times where the loop steers:
-/// closer, a queue drained to the loop's setpoint does not fall far enough to tell.
+/// against 26 (before small raises paused a ramp run, [`RAMP_RISE`]; since, 26 seeds and
+/// still at most 1.9%: more slowdowns are taken back and tested). It concludes only from
+/// [`RAMP_TEST_MIN_RISE`] times where the loop steers: closer, a queue drained to the loop's
+/// setpoint does not fall far enough to tell.
 /// Learning the latency unverified instead shed up to 10% at 9 seeds (with a test half as
 /// long): the queue reading hovers at its setpoint and the effort does not unwind.
 pub const RAMP_TEST_FALL: f64 = 0.5;
@@ -119,9 +120,9 @@ pub const RAMP_TEST_FALL: f64 = 0.5;
 /// latency rose while the test shed: the test then starts again from that latency (a
 /// slowdown still building up was taken back early in its rise; shedding that drains a queue
 /// does not raise it). Without that second look, a slowdown three times over four seconds
-/// (`cargo bench --bench fleet`) taken back early in its rise (at 34 ms, against the 27 the
-/// loop steers to) stayed a queue and was shed 81% for the rest of the run, at one seed, and
-/// 48% at another; with it, that case sheds at most 1.6%. Once only: a queue that still
+/// (`cargo bench --bench fleet`, seeds 1-40) taken back early in its rise (at 34 ms, against
+/// the 27 the loop steers to) stayed a queue and was shed 81% for the rest of the run, at one
+/// seed, and 48% at another; with it, that case sheds at most 1.6%. Once only: a queue that still
 /// grows under a shedding too weak to drain it yet also rises, and a test started again and
 /// again would conclude once it had risen past this, and could verify it.
 pub const RAMP_TEST_MIN_RISE: f64 = 1.5;

@@ -10,9 +10,9 @@ use crate::pressure::{LATENCY_TAU, TICK};
 
 /// Raises, rising or small, after which a run that has not reached [`RAMP_TICKS`] rising
 /// ticks ends: four seconds' worth, so that at least half of a run's raises are rising ones
-/// and a rise is never taken back further than four seconds of raises. Without it, a slow
-/// rise with noise (8-9% a second, 1-3% of noise a tick, in a model of this rule) would be
-/// followed for 6-17 s and taken back to 1.8-4.7 times under its latency.
+/// and the value a run began at (where a take-back goes, unless where learning last settled
+/// is lower) is at most four seconds of raises old. Without it, a slow rise with noise could
+/// be followed for many seconds and then taken back far under its latency.
 const RUN_SPAN: u32 = 2 * RAMP_TICKS;
 
 /// The ramp test of learning at rest ([`RAMP_TICKS`]): whether the value has been following
@@ -28,9 +28,10 @@ pub(super) struct Ramp {
     /// The value before the first of them, seconds.
     base: f64,
     /// The value learning last settled at, seconds (infinite until then): at a tick with
-    /// latency at or under the target, after [`SETTLED_TICKS`] small raises in a row (a
-    /// slower upstream learned), or verified. A rise taken back goes no higher than this
-    /// (a queue that fills slowly also rises in runs broken by dips, each learned in part).
+    /// latency at or under the target, after [`SETTLED_TICKS`] small raises since the last
+    /// rising tick (a slower upstream learned), or verified. A rise taken back goes no higher
+    /// than this (a queue that fills slowly also rises in runs broken by dips, each learned in
+    /// part).
     anchor: f64,
     /// Small raises since the last rising tick (falls and ticks without a raise do not reset
     /// the count).
