@@ -191,6 +191,10 @@ fn selected() -> Vec<Case> {
     let Some(text) = option("case") else {
         return all;
     };
+    assert!(
+        !text.is_empty() && !text.starts_with("--"),
+        "--case needs a text, as in --case 1.05x"
+    );
     let names: Vec<String> = all.iter().map(|c| c.name.clone()).collect();
     let chosen: Vec<Case> = all.into_iter().filter(|c| c.name.contains(&text)).collect();
     assert!(
