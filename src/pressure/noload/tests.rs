@@ -232,18 +232,13 @@ fn a_queue_that_fills_is_taken_back_though_noise_brings_its_raises_under_ramp_ri
     // learned value (noise), so that tick's raise is under RAMP_RISE. Such ticks neither
     // count nor break the run: the rise is taken back after 40 rising ticks.
     let mut n = rested();
-    let mut taken = None;
-    for k in 1..=60 {
-        let latency = match n.value() {
-            Some(v) if k % 10 == 0 => v * 1.001,
-            _ => 0.02 + 0.002 * f64::from(k),
-        };
-        feed(&mut n, 1, latency, false, false);
-        if n.sustained_growth() {
-            taken = Some(k);
-            break;
+    let taken = tick_taken_back(&mut n, 60, |k, v| {
+        if k % 10 == 0 {
+            v * 1.001
+        } else {
+            0.02 + 0.002 * f64::from(k)
         }
-    }
+    });
     assert_eq!(taken, Some(44), "{:?}", n.value());
     assert_eq!(n.value(), Some(0.02));
 }
@@ -263,25 +258,36 @@ fn a_take_back_test_starts_again_only_once() {
     assert!(n.sustained_growth());
 }
 
+/// Feeds a learner at rest `ticks` ticks at most, tick `k` (from 1) at `latency(k, v)`
+/// seconds, `v` the value learned before it; returns the tick at which a rise was taken back
+/// ([`NoLoad::sustained_growth`]), if one was.
+fn tick_taken_back(
+    n: &mut NoLoad,
+    ticks: u32,
+    mut latency: impl FnMut(u32, f64) -> f64,
+) -> Option<u32> {
+    for k in 1..=ticks {
+        let v = n.value().unwrap_or(0.0);
+        feed(n, 1, latency(k, v), false, false);
+        if n.sustained_growth() {
+            return Some(k);
+        }
+    }
+    None
+}
+
 /// Feeds rises from 20 ms at rest in a repeating pattern: one raise of 3% of the learned
 /// value (a rising tick), then `small` raises of 0.015% (under RAMP_RISE), for `ticks` ticks;
 /// returns the tick at which the rise was taken back, if it was.
 fn rises_with_small_ones_between(small: u32, ticks: u32) -> Option<u32> {
-    let mut n = rested();
-    for k in 0..ticks {
-        let v = n.value().unwrap_or(0.02);
-        // Learning at rest moves the value 15.4% of the way to the latency a tick.
-        let latency = if k % (small + 1) == 0 {
+    // Learning at rest moves the value 15.4% of the way to the latency a tick.
+    tick_taken_back(&mut rested(), ticks, |k, v| {
+        if (k - 1) % (small + 1) == 0 {
             v * 1.2
         } else {
             v * 1.001
-        };
-        feed(&mut n, 1, latency, false, false);
-        if n.sustained_growth() {
-            return Some(k + 1);
         }
-    }
-    None
+    })
 }
 
 #[test]
