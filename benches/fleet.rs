@@ -195,14 +195,14 @@ fn selected() -> Vec<Case> {
         !text.is_empty() && !text.starts_with("--"),
         "--case needs a text, as in --case 1.05x"
     );
-    let names: Vec<String> = all.iter().map(|c| c.name.clone()).collect();
-    let chosen: Vec<Case> = all.into_iter().filter(|c| c.name.contains(&text)).collect();
-    assert!(
-        !chosen.is_empty(),
-        "--case {text:?} is in no scenario's name; the names:\n{}",
-        names.join("\n")
-    );
-    chosen
+    if !all.iter().any(|c| c.name.contains(&text)) {
+        let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
+        panic!(
+            "--case {text:?} is in no scenario's name; the names:\n{}",
+            names.join("\n")
+        );
+    }
+    all.into_iter().filter(|c| c.name.contains(&text)).collect()
 }
 
 /// The seeds: `--seeds LIST` or `--seeds=LIST`, a list of seeds and inclusive ranges
