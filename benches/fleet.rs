@@ -7,7 +7,7 @@
 //! of seeds 1–12 and 32 (5) with a lower 3-replica p99 median (57 against 63 ms), and at one
 //! fewer of 1–40 (7 against 8) with about the same (79 against 78 ms).
 //!
-//! Run: `cargo bench --bench fleet` (seeds 1–40, about 40 seconds once built), or with
+//! Run: `cargo bench --bench fleet` (seeds 1–40, about 55 seconds once built), or with
 //! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, and
 //! `-- --case 1.05x` for only the scenarios whose name contains that text. Prints, per
 //! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
@@ -19,8 +19,8 @@
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
 //!   spread at random), phases 7–9 s, 10–14 s and 15–20 s;
 //! - 4 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
-//! - one replica and four (round robin) offered 1.02x and 1.05x of the upstream's capacity
-//!   for 35 s, a mild overload, phases 10–15 s and 30–40 s;
+//! - one, four and sixteen replicas (round robin) offered 1.02x and 1.05x of the upstream's
+//!   capacity for 35 s, a mild overload, phases 10–15 s and 30–40 s;
 //! - the other side of the same trade-off, one replica: the upstream 1.8 times slower (36 ms
 //!   mean, over the target) from 0.1, 0.5 or 1 s after a 1.5x overload ends, offered 0.35 of
 //!   the old load (63% of the slowed capacity) from then on. Slowness without a queue is not
@@ -108,7 +108,8 @@ fn cases() -> Vec<Case> {
             });
         }
     }
-    for (replicas, factor) in [(1, 1.02), (1, 1.05), (4, 1.02), (4, 1.05)] {
+    let mild = [1, 4, 16].into_iter().flat_map(|n| [(n, 1.02), (n, 1.05)]);
+    for (replicas, factor) in mild {
         let counted = if replicas == 1 { "replica" } else { "replicas" };
         cases.push(Case {
             name: format!("{replicas} {counted}, {factor}x for 35 s (a mild overload)"),
