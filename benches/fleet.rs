@@ -9,7 +9,9 @@
 //!
 //! Run: `cargo bench --bench fleet` (seeds 1–40, about 55 seconds once built), or with
 //! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, and
-//! `-- --case 1.05x` for only the scenarios whose name contains that text. Prints, per
+//! `-- --case 1.05x` for only the scenarios whose name contains that text, and
+//! `-- --load-reports` for an upstream that states its utilisation with every answer (ORCA,
+//! `shedgate::pressure::report`), read by every replica. Prints, per
 //! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
 //! admitted p99 (`inf` when nothing completed within the 1 s timeout) or shed share, their
 //! median and worst, how many seeds served under half the capacity, and per scenario how
@@ -155,7 +157,8 @@ async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> Vec<Figures> {
         max_inflight: None,
         latency_target: TARGET,
     };
-    let scenario = Scenario::new(&case.load, controller, case.replicas.clone(), seed);
+    let mut scenario = Scenario::new(&case.load, controller, case.replicas.clone(), seed);
+    scenario.load_reports = load_reports();
     let seconds = run_scenario(&scenario, &sim, policy, &events).await;
     case.phases
         .iter()
@@ -168,6 +171,12 @@ fn met(f: &Figures, check: Check) -> bool {
         Check::Held => f.goodput >= GOODPUT && f.p99_ms <= P99_TARGETS * TARGET.as_secs_f64() * 1e3,
         Check::NotShed => f.shed <= NOT_SHED,
     }
+}
+
+/// Whether `--load-reports` was given: the upstream reports its utilisation with each
+/// answer and every replica reads it (`Scenario::load_reports`).
+fn load_reports() -> bool {
+    std::env::args().any(|a| a == "--load-reports")
 }
 
 /// The value of `--NAME VALUE` or `--NAME=VALUE` on the command line, if given (an empty
@@ -255,6 +264,9 @@ fn main() {
         P99_TARGETS * TARGET.as_secs_f64() * 1e3,
         NOT_SHED * 100.0
     );
+    if load_reports() {
+        println!("the upstream reports its utilisation with every answer (--load-reports)");
+    }
     for case in selected() {
         let runs: Vec<Vec<Figures>> = seeds
             .iter()

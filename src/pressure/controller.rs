@@ -16,6 +16,7 @@ use super::constants::{
 };
 use super::noload::{NoLoad, TickInput};
 use super::probe::{self, Action, ColdProbe, ProbeInput};
+use super::report::{LoadReport, ReportWindow};
 
 /// Latency samples gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -167,7 +168,10 @@ impl Output {
 /// q      = l / L0                                      queue ratio, 1 = no queue
 /// lc     = l / T * min(1, max(slow_rate / full, ū - 1))  confidence-weighted latency ratio
 /// qn     = n̄ / (rate * L0)                             in-flight over what completions hold
-/// e      = clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
+/// r      = the upstream's reported utilisation, smoothed over LATENCY_TAU, while one came
+///          within REPORT_STALE (super::report; none unless `--load-report` is set)
+/// e      = clamp(min(r - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)    reported
+///          clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
 ///          clamp(lc - COLD_SETPOINT, ±ERROR_CLAMP)    not yet, not seen calm, full confidence
 ///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet, otherwise
 /// calm   = lc smoothed over RATE_TAU <= CALM at a tick with answers; seen calm after
@@ -176,10 +180,11 @@ impl Output {
 ///          UNWIND_GAIN when e < 0)
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
 ///          — from rest only when in-flight is past the proportional part's rest reference
-///          (4.25 shares) or the cap's (1.25 caps: the cap term sheds), in-flight has grown
+///          (4.25 shares) or the cap's (1.25 caps: the cap term sheds), a reported
+///          utilisation over SETPOINT, in-flight has grown
 ///          for longer than a step would explain (a queue filling), or the replica has not
 ///          yet seen its upstream calm
-/// base   = min(1, max(lc, (q - 1) / (SETPOINT - 1), inflight / cap))
+/// base   = min(1, max(lc, (r or q - 1) / (SETPOINT - 1), inflight / cap))
 /// ```
 ///
 /// Every term but the share is the same for every replica in front of one upstream: latency
@@ -217,6 +222,9 @@ pub struct Controller {
     calm_ticks: u32,
     seen_calm: bool,
     probe: ColdProbe,
+    report: LoadReport,
+    /// The upstream's reported utilisation at the last tick, while fresh.
+    reported: Option<f64>,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -234,6 +242,10 @@ pub struct ControllerState {
     pub noload_latency_ms: Option<f64>,
     /// Whether the no-load latency was measured under load (an under-used upstream).
     pub noload_verified: bool,
+    /// The upstream's own reported utilisation, smoothed (in-flight over its concurrency,
+    /// 1.0 = every worker busy and none waiting); `None` while it reports none
+    /// (`--load-report`, docs/pressure.md "Load reports").
+    pub reported_utilisation: Option<f64>,
     /// Whether this replica has not yet seen its upstream calm (answering with the latency
     /// ratio at or under `CALM` for `CALM_TICKS` ticks): a cold replica steers on latency
     /// alone and may probe (docs/pressure.md).
@@ -277,6 +289,8 @@ impl Controller {
             calm_ticks: 0,
             seen_calm: false,
             probe: ColdProbe::default(),
+            report: LoadReport::default(),
+            reported: None,
         }
     }
 
@@ -289,6 +303,7 @@ impl Controller {
         inflight: u32,
         observed: InflightWindow,
         latency: LatencyWindow,
+        reports: ReportWindow,
     ) -> Output {
         let dt = match self.last {
             Some(last) => now.saturating_duration_since(last).as_secs_f64(),
@@ -306,6 +321,8 @@ impl Controller {
             f64::from(inflight)
         };
         self.mean_u = self.output.utilisation(mean_inflight, MIN_SHARE);
+        let reported = self.report.update(now, reports, alpha(LATENCY_TAU));
+        self.reported = reported;
         let tick_mean =
             (latency.count > 0).then(|| latency.sum_us as f64 / latency.count as f64 / 1e6);
         let last_sample = *self.last_sample.get_or_insert(now);
@@ -425,6 +442,7 @@ impl Controller {
         let action = self.probe.update(ProbeInput {
             eligible: !self.seen_calm
                 && reference.is_none()
+                && reported.is_none()
                 && confidence >= 1.0
                 && self.output.effort > 0.0,
             latency_ratio: lc,
@@ -436,13 +454,16 @@ impl Controller {
         }
         let reference = self.noload.reference();
         let over = lc - LATENCY_SETPOINT;
-        let error = match (reference, unverified) {
+        let error = match (reported, reference, unverified) {
+            // The upstream states its queue: the same reading for every replica, cold or not,
+            // held at the setpoint's standing queue.
+            (Some(r), _, _) => (r - SETPOINT).min(over),
             // Verified: the same in-flight reading, held at the setpoint's standing queue.
-            (Some(_), Some(q)) => (q - SETPOINT).min(over),
+            (None, Some(_), Some(q)) => (q - SETPOINT).min(over),
             // Not yet seen calm: what it learned at rest may be its fleet's queue, which
             // reads as no queue; latency alone.
-            (None, Some(_)) if !self.seen_calm && confidence >= 1.0 => lc - COLD_SETPOINT,
-            (None, Some(q)) => (q - 1.0).min(over),
+            (None, None, Some(_)) if !self.seen_calm && confidence >= 1.0 => lc - COLD_SETPOINT,
+            (None, None, Some(q)) => (q - 1.0).min(over),
             _ => over,
         }
         .clamp(-ERROR_CLAMP, ERROR_CLAMP);
@@ -463,6 +484,7 @@ impl Controller {
             .output
             .utilisation(f64::from(inflight).max(mean_inflight), 0.0);
         let may_start = !self.seen_calm
+            || reported.is_some_and(|r| r > SETPOINT)
             || over_cap
             || self.mean_u.max(current_u) > rest
             || self.noload.sustained_growth();
@@ -481,7 +503,9 @@ impl Controller {
         } else {
             effort
         };
-        let queue_part = queue.map_or(0.0, |q| (q - 1.0) / (SETPOINT - 1.0));
+        let queue_part = reported
+            .or(queue)
+            .map_or(0.0, |q| (q - 1.0) / (SETPOINT - 1.0));
         let cap_part = self
             .config
             .max_inflight
@@ -528,6 +552,7 @@ impl Controller {
             queue_ratio: self.queue_ratio(),
             noload_latency_ms: self.noload.value().map(|l0| l0 * 1e3),
             noload_verified: self.noload.reference().is_some(),
+            reported_utilisation: self.reported,
             cold: !self.seen_calm,
             concurrency_share: self.output.share,
             sample_rate: self.rate,

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
+use super::report::ReportWindow;
 use super::{ControllerConfig, Pressure};
 
 /// Bits of a packed latency window's sum (microseconds; the count is in the bits above):
@@ -35,6 +36,8 @@ pub struct PressureGauge {
     latency: AtomicU64,
     /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]).
     observed: AtomicU64,
+    /// Packed [`ReportWindow`] (the layout of `latency`, millionths for microseconds).
+    reports: AtomicU64,
     output: ArcSwap<Output>,
     /// [`Output::capacity`] of `output`, kept beside it so that a request that checks class
     /// budgets reads one atomic, not the output a second time.
@@ -65,6 +68,7 @@ impl PressureGauge {
             inflight: AtomicU32::new(0),
             latency: AtomicU64::new(0),
             observed: AtomicU64::new(0),
+            reports: AtomicU64::new(0),
             output: ArcSwap::from_pointee(output),
             capacity: AtomicU32::new(output.capacity()),
             pinned: AtomicU64::new(UNPINNED),
@@ -146,6 +150,21 @@ impl PressureGauge {
             .fetch_add((1 << LATENCY_SUM_BITS) | us, Ordering::Relaxed);
     }
 
+    /// Records the utilisation the upstream reported with an answer (in-flight over its
+    /// concurrency, [`super::report`]); negative or non-finite values are not reports.
+    pub fn record_load_report(&self, utilisation: f64) {
+        if !utilisation.is_finite() || utilisation < 0.0 {
+            return;
+        }
+        // Capped as a latency sample is, at 2^36 - 1 millionths (a utilisation of 68,719),
+        // so that 256 of them in one tick still fit the 44-bit sum.
+        #[expect(clippy::cast_possible_truncation, reason = "capped below 2^36 first")]
+        #[expect(clippy::cast_sign_loss, reason = "not negative here")]
+        let millionths = (utilisation * 1e6).min(68_719_476_735.0) as u64;
+        self.reports
+            .fetch_add((1 << LATENCY_SUM_BITS) | millionths, Ordering::Relaxed);
+    }
+
     /// Updates the controller with what was observed since the last tick; returns the
     /// pressure at the current in-flight count.
     pub fn tick(&self, now: Instant) -> f64 {
@@ -153,9 +172,15 @@ impl PressureGauge {
         let (seen, sum) = unpack(self.observed.swap(0, Ordering::Relaxed), OBSERVED_SUM_BITS);
         let latency = LatencyWindow { count, sum_us };
         let observed = InflightWindow { count: seen, sum };
+        let (count, sum_millionths) =
+            unpack(self.reports.swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
+        let reports = ReportWindow {
+            count,
+            sum_millionths,
+        };
         let inflight = self.inflight();
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
-        let out = c.update(now, inflight, observed, latency);
+        let out = c.update(now, inflight, observed, latency, reports);
         self.output.store(std::sync::Arc::new(out));
         self.capacity.store(out.capacity(), Ordering::Relaxed);
         out.pressure(inflight)

@@ -37,6 +37,7 @@ mod controller;
 mod gauge;
 pub mod noload;
 pub mod probe;
+pub mod report;
 #[cfg(test)]
 mod tests;
 
@@ -52,6 +53,7 @@ pub use constants::{
 };
 pub use controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
+pub use report::ReportWindow;
 
 /// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
 /// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix

@@ -10,6 +10,7 @@ use super::ControllerConfig;
 use super::constants::{ERROR_CLAMP, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK};
 use super::controller::{Controller, InflightWindow, LatencyWindow, Output};
 use super::gauge::{LATENCY_SUM_BITS, unpack};
+use super::report::ReportWindow;
 
 fn controller() -> Controller {
     Controller::new(ControllerConfig {
@@ -44,7 +45,7 @@ fn run(
     };
     for _ in 0..ticks {
         now += TICK;
-        c.update(now, inflight, observed, latency);
+        c.update(now, inflight, observed, latency, ReportWindow::default());
     }
     (now, c.output().pressure(inflight))
 }
@@ -182,6 +183,7 @@ async fn a_stalled_ticker_is_not_a_long_overload() {
         40,
         InflightWindow { count: 1, sum: 40 },
         samples(5, 500),
+        ReportWindow::default(),
     );
     let moved = c.output().effort - before;
     assert!(
@@ -198,7 +200,13 @@ async fn few_slow_samples_are_noise() {
     for _ in 0..10 {
         (now, _) = run(&mut c, now, 0.95, 0, LatencyWindow::default());
         now += TICK;
-        c.update(now, 1, InflightWindow::default(), samples(1, 500));
+        c.update(
+            now,
+            1,
+            InflightWindow::default(),
+            samples(1, 500),
+            ReportWindow::default(),
+        );
         let p = c.output().pressure(1);
         assert!(p <= 0.5, "{p} {:?}", c.state(1));
     }
@@ -224,7 +232,7 @@ fn shed_to_one_in_flight_for(decisions_per_tick: u64, ticks: u32) -> (super::Con
     };
     for _ in 0..ticks {
         now += TICK;
-        c.update(now, 1, offered, samples(1, 60));
+        c.update(now, 1, offered, samples(1, 60), ReportWindow::default());
     }
     (c.state(1), c.output().pressure(1))
 }

@@ -126,6 +126,9 @@ pub struct Simulator {
     started: Instant,
     rng: Mutex<fastrand::Rng>,
     served: std::sync::atomic::AtomicU64,
+    /// When each request taken and not yet answered will be: its in-flight count, for the
+    /// load report ([`Simulator::utilisation`]), whether or not its caller still waits.
+    pending: Mutex<std::collections::BinaryHeap<std::cmp::Reverse<Instant>>>,
 }
 
 impl Simulator {
@@ -155,6 +158,7 @@ impl Simulator {
             started: Instant::now(),
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
             served: std::sync::atomic::AtomicU64::new(0),
+            pending: Mutex::new(std::collections::BinaryHeap::new()),
         })
     }
 
@@ -219,10 +223,28 @@ impl Simulator {
             *first = start + self.service.sample(u).mul_f64(slowdown);
             *first
         };
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(std::cmp::Reverse(done));
         tokio::time::sleep_until(done).await;
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The load report it would send now: requests taken and not yet answered over the
+    /// workers running (ORCA's `application_utilization` as `crate::upstream::load_report`
+    /// reads it): 1.0 with every worker busy and none waiting.
+    pub fn utilisation(&self) -> f64 {
+        let now = Instant::now();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        while pending.peek().is_some_and(|r| r.0 <= now) {
+            pending.pop();
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a count below 2^52")]
+        let n = pending.len() as f64;
+        n / f64::from(self.workers_at(now))
     }
 
     /// Requests served so far.

@@ -129,6 +129,9 @@ pub struct Scenario {
     pub seed: u64,
     /// The replicas in service over time.
     pub replicas: Replicas,
+    /// Whether the upstream reports its utilisation with each answer (ORCA,
+    /// [`Simulator::utilisation`]) and the replicas read it; `false` from [`Scenario::new`].
+    pub load_reports: bool,
 }
 
 impl Scenario {
@@ -152,6 +155,7 @@ impl Scenario {
             timeout: Self::TIMEOUT,
             seed,
             replicas,
+            load_reports: false,
         }
     }
 }
@@ -307,6 +311,7 @@ pub async fn run_scenario(
             }
             let (gauge, sim, report) = (Arc::clone(&gauge), Arc::clone(sim), Arc::clone(&report));
             let timeout = scenario.timeout;
+            let load_reports = scenario.load_reports;
             tasks.push(tokio::spawn(async move {
                 let _inflight = gauge.start();
                 let began = Instant::now();
@@ -320,6 +325,9 @@ pub async fn run_scenario(
                     Ok(Ok(())) => {
                         let latency = done - began;
                         gauge.record_latency(latency);
+                        if load_reports {
+                            gauge.record_load_report(sim.utilisation());
+                        }
                         s.goodput += 1;
                         s.latencies_ms.push(latency.as_secs_f64() * 1e3);
                         if event.never {

@@ -1,0 +1,61 @@
+//! The upstream's own load report: the utilisation it states in each answer (the ORCA
+//! `endpoint-load-metrics` response header, read by `crate::upstream::load_report`), the
+//! same for every replica in front of it (docs/pressure.md "Load reports").
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::constants::LATENCY_TAU;
+
+/// How long a load report counts after the last one arrived: a second, then the controller
+/// steers on its own readings again (an upstream that stopped reporting, or a replica with
+/// no traffic).
+pub const REPORT_STALE: Duration = Duration::from_secs(1);
+
+/// Load reports gathered between two ticks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReportWindow {
+    /// Number of reports.
+    pub count: u64,
+    /// Sum of the reported utilisations, millionths (1.0 is 1,000,000).
+    pub sum_millionths: u64,
+}
+
+/// The reported utilisation, smoothed over [`LATENCY_TAU`] like the latency it stands
+/// beside: in-flight over the upstream's concurrency, 1.0 with every worker busy and no
+/// queue, 1.25 with a queue a quarter of the workers deep.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct LoadReport {
+    value: f64,
+    seen: Option<Instant>,
+}
+
+impl LoadReport {
+    /// Folds in a tick's reports (`alpha` is the smoothing step of [`LATENCY_TAU`] over the
+    /// tick); the smoothed utilisation while a report arrived within [`REPORT_STALE`].
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a tick's count and sum, below 2^52"
+    )]
+    pub(super) fn update(&mut self, now: Instant, window: ReportWindow, alpha: f64) -> Option<f64> {
+        if window.count > 0 {
+            let mean = window.sum_millionths as f64 / window.count as f64 / 1e6;
+            let fresh = self
+                .seen
+                .is_none_or(|seen| now.saturating_duration_since(seen) >= LATENCY_TAU);
+            self.value = if fresh {
+                mean
+            } else {
+                self.value + alpha * (mean - self.value)
+            };
+            self.seen = Some(now);
+        }
+        self.seen
+            .filter(|&seen| now.saturating_duration_since(seen) <= REPORT_STALE)
+            .map(|_| self.value)
+    }
+}
+
+#[cfg(test)]
+mod tests;
