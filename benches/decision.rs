@@ -113,6 +113,19 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(curve.shed_probability(black_box(rank), black_box(pressure))));
     });
 
+    // The upstream's load report, read per answer when `--load-report` is set.
+    let mut orca = http::HeaderMap::new();
+    orca.insert(
+        shedgate::upstream::load_report::HEADER,
+        http::HeaderValue::from_static(
+            "TEXT cpu_utilization=0.3, mem_utilization=0.8, application_utilization=1.25",
+        ),
+    );
+    let field = shedgate::upstream::load_report::LoadReportField::Application;
+    c.bench_function("part/load-report-text", |b| {
+        b.iter(|| shedgate::upstream::load_report::read(black_box(&orca), &field));
+    });
+
     // Naive baseline: a full `serde_json::Value` and three pointer look-ups.
     c.bench_function("baseline/serde-json-value-pointers", |b| {
         b.iter(|| {

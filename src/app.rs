@@ -76,6 +76,7 @@ pub fn build_stack(
                 stream_header: config.stream_header.clone(),
                 max_body: config.max_body,
                 body_read_timeout: config.body_read_timeout,
+                load_report: config.load_report.clone(),
             },
         ))
         // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the

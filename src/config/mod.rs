@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pressure::ControllerConfig;
 use crate::upstream::HostHeader;
+use crate::upstream::load_report::LoadReportField;
 
 mod values;
 
@@ -76,6 +77,12 @@ pub struct ServeArgs {
     /// Upstream latency considered at target (pressure 0.5), e.g. `50ms` [default: 100ms].
     #[arg(long, value_name = "DURATION")]
     pub latency_target: Option<HumanDuration>,
+    /// The ORCA metric of the upstream's `endpoint-load-metrics` answers to read as its
+    /// utilisation, in-flight over its concurrency (1.0: every worker busy, none waiting):
+    /// `application_utilization`, `cpu_utilization` or `named_metrics.NAME`. Every replica
+    /// then reads the same queue (README "Sizing") [default: none, not read].
+    #[arg(long, value_name = "METRIC")]
+    pub load_report: Option<String>,
     /// Time in-flight requests get to finish on shutdown, both listeners; past it connections
     /// are cut [default: 30s].
     #[arg(long, value_name = "DURATION")]
@@ -155,6 +162,8 @@ pub struct Config {
     pub body_read_timeout: Duration,
     /// Pressure controller settings.
     pub controller: ControllerConfig,
+    /// The ORCA metric read as the upstream's utilisation, if any (`--load-report`).
+    pub load_report: Option<LoadReportField>,
     /// Shutdown drain time.
     pub drain_timeout: Duration,
     /// Lame-duck time on SIGTERM before the listeners stop (zero: none).
@@ -311,6 +320,10 @@ impl Config {
                 ),
             ));
         }
+        let load_report = args
+            .load_report
+            .map(|text| text.parse().map_err(|e: String| invalid("load-report", e)))
+            .transpose()?;
         let max_header_line = args.max_header_line.unwrap_or(8 * 1024);
         let max_head = args.max_head.unwrap_or(32 * 1024);
         if max_header_line < 64 {
@@ -360,6 +373,7 @@ impl Config {
                 max_inflight,
                 latency_target,
             },
+            load_report,
             drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),
             shutdown_delay: args.shutdown_delay.map_or(Duration::from_secs(5), |d| d.0),
             host_header: args.host_header.unwrap_or_default(),

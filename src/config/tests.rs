@@ -92,6 +92,30 @@ fn missing_and_contradictory_settings() {
     assert!(c.trusted_proxies.is_empty());
 }
 
+/// `--load-report` names an ORCA utilisation; anything else is refused with the three
+/// forms it takes, and none is read by default.
+#[test]
+fn load_report_names_an_orca_utilisation() {
+    let c = Config::from_args(args("http://127.0.0.1:3000")).unwrap();
+    assert_eq!(c.load_report, None);
+    let mut a = args("http://127.0.0.1:3000");
+    a.load_report = Some("named_metrics.queue".into());
+    let c = Config::from_args(a).unwrap();
+    assert_eq!(
+        c.load_report,
+        Some(crate::upstream::load_report::LoadReportField::Named(
+            "queue".into()
+        ))
+    );
+    let mut a = args("http://127.0.0.1:3000");
+    a.load_report = Some("queue_depth".into());
+    let err = Config::from_args(a).unwrap_err().to_string();
+    assert!(
+        err.contains("load-report") && err.contains("application_utilization"),
+        "{err}"
+    );
+}
+
 #[test]
 fn file_then_flags() {
     let flags = ServeArgs {

@@ -50,6 +50,9 @@ pub const RANK_CUTOFF: &str = "shedgate_rank_cutoff";
 pub const SHEDDING_SECONDS: &str = "shedgate_shedding_seconds_total";
 /// Upstream latency to response headers, seconds, for requests the upstream answered.
 pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
+/// Upstream load reports (`--load-report`, the ORCA `endpoint-load-metrics` header), by
+/// `outcome`: `read`, or `invalid` (there but not readable as the one utilisation named).
+pub const UPSTREAM_LOAD_REPORTS: &str = "shedgate_upstream_load_reports_total";
 /// Errors answered by the proxy itself, by `kind` (`bad_gateway`, `gateway_timeout`,
 /// `payload_too_large`, `body_timeout`, `bad_request`).
 pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
@@ -159,6 +162,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         UPSTREAM_LATENCY,
         "histogram",
         "Upstream latency to response headers, seconds.",
+    ),
+    (
+        UPSTREAM_LOAD_REPORTS,
+        "counter",
+        "Upstream load reports (--load-report) by outcome (read, invalid).",
     ),
     (
         PROXY_ERRORS,

@@ -210,6 +210,8 @@ pub struct Metrics {
     /// [`PARKED_CONNECTIONS`].
     pub parked_connections: Gauge,
     proxy_errors: [Counter; 6],
+    /// [`UPSTREAM_LOAD_REPORTS`]: read, invalid.
+    load_reports: [Counter; 2],
     connection_closes: [Counter; 5],
     reload_success: Counter,
     reload_failure: Counter,
@@ -261,8 +263,11 @@ impl Metrics {
             ErrorKind::ALL.map(|k| counter(PROXY_ERRORS, vec![Label::new("kind", k.as_str())]));
         let connection_closes = CloseReason::ALL
             .map(|r| counter(CONNECTION_CLOSES, vec![Label::new("reason", r.as_str())]));
+        let load_reports = ["read", "invalid"]
+            .map(|o| counter(UPSTREAM_LOAD_REPORTS, vec![Label::new("outcome", o)]));
         let m = Metrics {
             connection_closes,
+            load_reports,
             parked_connections: gauge(PARKED_CONNECTIONS),
             pressure: gauge(PRESSURE),
             pressure_pinned: gauge(PRESSURE_PINNED),
@@ -326,6 +331,11 @@ impl Metrics {
     /// Counts an error answered by the proxy.
     pub fn proxy_error(&self, kind: ErrorKind) {
         self.proxy_errors[kind as usize].increment(1);
+    }
+
+    /// Counts an upstream load report: read, or there but not readable.
+    pub fn load_report(&self, read: bool) {
+        self.load_reports[usize::from(!read)].increment(1);
     }
 
     /// Counts a client connection closed for `reason`.

@@ -100,6 +100,9 @@ where
             if !response.status().is_server_error() {
                 shared.pressure.record_latency(*latency);
             }
+            if let Some(field) = &shared.settings.load_report {
+                read_load_report(&shared, m.global(), response.headers(), field);
+            }
             m.global().observe_latency(*latency);
             m.request(stream, Outcome::Forwarded);
         }
@@ -117,6 +120,40 @@ where
         None => m.request(stream, Outcome::UpstreamError),
     }
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
+}
+
+/// Feeds the upstream's load report on `field` to the controller and counts it; a report
+/// that is there but unreadable is counted, logged (at warn the first time, then at debug),
+/// and not read: the controller steers on its own readings while none is fresh.
+fn read_load_report(
+    shared: &Shared,
+    metrics: &crate::metrics::Metrics,
+    headers: &http::HeaderMap,
+    field: &crate::upstream::load_report::LoadReportField,
+) {
+    match crate::upstream::load_report::read(headers, field) {
+        Ok(None) => {}
+        Ok(Some(utilisation)) => {
+            shared.pressure.record_load_report(utilisation);
+            metrics.load_report(true);
+        }
+        Err(error) => {
+            metrics.load_report(false);
+            if shared
+                .load_report_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::debug!(%error, "upstream load report not read");
+            } else {
+                tracing::warn!(
+                    %error,
+                    "upstream load report not read (counted in \
+                     shedgate_upstream_load_reports_total{{outcome=\"invalid\"}}; \
+                     later ones log at debug)"
+                );
+            }
+        }
+    }
 }
 
 /// Sheds a request for `reason`, decided outside [`crate::admission::decide`] (a capped

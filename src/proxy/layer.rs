@@ -35,6 +35,7 @@ impl AdmissionLayer {
                 classes: Arc::new(ClassLoad::default()),
                 buffers,
                 skew: crate::clock::skew::ClockSkew::default(),
+                load_report_warned: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }

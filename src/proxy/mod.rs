@@ -50,6 +50,8 @@ pub struct AdmissionSettings {
     pub max_body: u64,
     /// Time allowed to receive the whole request body.
     pub body_read_timeout: Duration,
+    /// The ORCA metric read from answers as the upstream's utilisation (`--load-report`).
+    pub load_report: Option<crate::upstream::load_report::LoadReportField>,
 }
 
 #[derive(Debug)]
@@ -63,6 +65,9 @@ struct Shared {
     buffers: Arc<BufferBudget>,
     /// The local clock's offset from the upstream's, from responses' `Date` headers.
     skew: crate::clock::skew::ClockSkew,
+    /// Whether an unreadable load report was logged at warn yet (later ones log at debug;
+    /// the counter counts them all).
+    load_report_warned: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {

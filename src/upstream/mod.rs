@@ -2,6 +2,7 @@
 //! section 7.6.1), forwarding headers, the upstream timeout, and the mapping of client
 //! failures to rejections (docs/responses.md "Proxying").
 
+pub mod load_report;
 pub mod pool;
 
 use std::convert::Infallible;

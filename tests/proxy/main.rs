@@ -9,6 +9,7 @@ mod fuzz;
 mod geography;
 mod keepalive;
 mod lifecycle;
+mod load_report;
 mod memory;
 mod operator;
 mod pool;

@@ -62,6 +62,8 @@ pub struct Behaviour {
     /// The upstream's own clock, unix milliseconds, sent as `Date` (RFC 9110 §6.6.1);
     /// `None`: the test proxies' fixed clock [`NOW`], so both sides agree.
     pub clock: Option<Arc<std::sync::atomic::AtomicI64>>,
+    /// An ORCA `endpoint-load-metrics` header sent with every answer.
+    pub load_report: Option<&'static str>,
 }
 
 impl Default for Behaviour {
@@ -71,6 +73,7 @@ impl Default for Behaviour {
             delay: Duration::ZERO,
             body_delay: Duration::ZERO,
             clock: None,
+            load_report: None,
         }
     }
 }
@@ -165,6 +168,12 @@ impl MockUpstream {
                                 + Duration::from_millis(u64::try_from(ms).unwrap());
                             r.headers_mut()
                                 .insert("date", httpdate::fmt_http_date(date).parse().unwrap());
+                            if let Some(report) = behaviour.load_report {
+                                r.headers_mut().insert(
+                                    "endpoint-load-metrics",
+                                    http::HeaderValue::from_static(report),
+                                );
+                            }
                             Ok::<_, std::convert::Infallible>(r)
                         }
                     });

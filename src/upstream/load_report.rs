@@ -1,0 +1,244 @@
+//! The upstream's own load report: the ORCA `endpoint-load-metrics` response header, read for
+//! one metric the operator names (`--load-report`) as the upstream's utilisation, in-flight
+//! over its concurrency (docs/pressure.md "Load reports"; `crate::pressure::report` is what
+//! the controller does with it).
+//!
+//! Two of ORCA's encodings of one header are read, as Envoy's parser reads them
+//! (`source/common/orca/orca_parser.cc`) and vLLM writes them:
+//!
+//! ```text
+//! endpoint-load-metrics: TEXT application_utilization=1.2, named_metrics.queue=0.4
+//! endpoint-load-metrics: JSON {"application_utilization": 1.2, "named_metrics": {"queue": 0.4}}
+//! ```
+//!
+//! The binary form (`BIN`, and the `endpoint-load-metrics-bin` header) is a serialized
+//! protobuf: not read (an error, counted). A report that names the metric twice, or an answer
+//! with two such headers, is an error, never a guess between the two values.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use http::HeaderMap;
+use serde::Deserialize;
+
+/// The header ORCA's text and JSON reports travel in.
+pub const HEADER: &str = "endpoint-load-metrics";
+
+/// The ORCA metric read as the upstream's utilisation: in-flight over its concurrency, 1.0
+/// with every worker busy and none waiting, above 1 with a queue (ORCA lets utilisations
+/// pass 1.0 "when the usage exceeds the reporter dependent notion of soft limits",
+/// `xds/data/orca/v3/orca_load_report.proto`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadReportField {
+    /// `application_utilization`.
+    Application,
+    /// `cpu_utilization`: busy CPU says nothing of a queue once every core is busy; read it
+    /// only from an upstream that reports its queue there.
+    Cpu,
+    /// `named_metrics.NAME`.
+    Named(String),
+}
+
+impl FromStr for LoadReportField {
+    type Err = String;
+
+    /// `application_utilization`, `cpu_utilization` or `named_metrics.NAME` (NAME not
+    /// empty).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "application_utilization" => Ok(LoadReportField::Application),
+            "cpu_utilization" => Ok(LoadReportField::Cpu),
+            _ => match s.strip_prefix("named_metrics.") {
+                Some(name) if !name.is_empty() => Ok(LoadReportField::Named(name.to_owned())),
+                _ => Err(format!(
+                    "{s:?} is not an ORCA utilisation: application_utilization, \
+                     cpu_utilization or named_metrics.NAME"
+                )),
+            },
+        }
+    }
+}
+
+impl LoadReportField {
+    /// Whether `name`, as the text form writes it, is this metric (no allocation: this runs
+    /// per answer).
+    fn is(&self, name: &str) -> bool {
+        match self {
+            LoadReportField::Application => name == "application_utilization",
+            LoadReportField::Cpu => name == "cpu_utilization",
+            LoadReportField::Named(wanted) => {
+                name.strip_prefix("named_metrics.") == Some(wanted.as_str())
+            }
+        }
+    }
+}
+
+impl fmt::Display for LoadReportField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadReportField::Application => f.write_str("application_utilization"),
+            LoadReportField::Cpu => f.write_str("cpu_utilization"),
+            LoadReportField::Named(name) => write!(f, "named_metrics.{name}"),
+        }
+    }
+}
+
+/// Why a report was not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadReportError {
+    /// More than one `endpoint-load-metrics` header in one answer.
+    #[error("{HEADER} appears more than once")]
+    TwoHeaders,
+    /// Not visible ASCII.
+    #[error("{HEADER} is not text")]
+    NotText,
+    /// The binary (protobuf) form.
+    #[error("{HEADER}: the binary (BIN) form is not read; send TEXT or JSON")]
+    Binary,
+    /// Neither `TEXT ` nor `JSON ` (nor `BIN `) first.
+    #[error("{HEADER}: no TEXT or JSON prefix")]
+    NoFormat,
+    /// The metric is not in the report.
+    #[error("{HEADER}: no {0}")]
+    Missing(String),
+    /// The metric appears twice.
+    #[error("{HEADER}: {0} appears twice")]
+    Duplicate(String),
+    /// The value is not a number, or not a finite one at or above 0.
+    #[error("{HEADER}: {field} is {value:?}, not a utilisation (a finite number at or above 0)")]
+    Value {
+        /// The metric.
+        field: String,
+        /// Its value as sent.
+        value: String,
+    },
+    /// JSON that does not parse as an ORCA report.
+    #[error("{HEADER}: JSON: {0}")]
+    Json(String),
+}
+
+/// Reads `field` from the answer's load report: `Ok(None)` when the answer carries none.
+///
+/// # Errors
+/// A [`LoadReportError`] for a report that is there but cannot be read as one utilisation.
+pub fn read(headers: &HeaderMap, field: &LoadReportField) -> Result<Option<f64>, LoadReportError> {
+    let mut all = headers.get_all(HEADER).iter();
+    let Some(value) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(LoadReportError::TwoHeaders);
+    }
+    let text = value.to_str().map_err(|_| LoadReportError::NotText)?;
+    let utilisation = if let Some(pairs) = text.strip_prefix("TEXT ") {
+        from_text(pairs, field)?
+    } else if let Some(json) = text.strip_prefix("JSON ") {
+        from_json(json, field)?
+    } else if text.starts_with("BIN ") {
+        return Err(LoadReportError::Binary);
+    } else {
+        return Err(LoadReportError::NoFormat);
+    };
+    Ok(Some(utilisation))
+}
+
+/// `name=value` pairs, comma-separated, map fields as `map.key` (the ORCA text form).
+///
+/// Split by hand, with no allocation unless it fails (no crate reads ORCA's text form):
+/// `cargo bench --bench decision -- part/load-report` measured 300 ns a report on the 2-core
+/// build machine (404 ns when the metric's name was formatted per call), under 1% of the
+/// ~50 µs of CPU a forwarded request costs shedgate (README "Benchmarks"), and only with
+/// `--load-report` set.
+fn from_text(pairs: &str, field: &LoadReportField) -> Result<f64, LoadReportError> {
+    let mut found = None;
+    for pair in pairs.split(',') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !field.is(name.trim()) {
+            continue;
+        }
+        if found.is_some() {
+            return Err(LoadReportError::Duplicate(field.to_string()));
+        }
+        found = Some(value.trim());
+    }
+    let value = found.ok_or_else(|| LoadReportError::Missing(field.to_string()))?;
+    value
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| LoadReportError::Value {
+            field: field.to_string(),
+            value: value.to_owned(),
+        })
+}
+
+/// The fields of ORCA's `OrcaLoadReport` read here, in its JSON mapping; others are ignored.
+/// A field given twice is a serde error (derive rejects duplicates), and so is a named metric
+/// given twice ([`Unique`]).
+#[derive(Deserialize)]
+struct JsonReport {
+    cpu_utilization: Option<f64>,
+    application_utilization: Option<f64>,
+    #[serde(default)]
+    named_metrics: Unique,
+}
+
+/// A JSON object of numbers whose keys must differ.
+#[derive(Default)]
+struct Unique(BTreeMap<String, f64>);
+
+impl<'de> Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Unique;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of numbers")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Unique, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some((key, value)) = map.next_entry::<String, f64>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!("{key} appears twice")));
+                    }
+                    out.insert(key, value);
+                }
+                Ok(Unique(out))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+fn from_json(json: &str, field: &LoadReportField) -> Result<f64, LoadReportError> {
+    let report: JsonReport =
+        serde_json::from_str(json).map_err(|e| LoadReportError::Json(e.to_string()))?;
+    let value = match field {
+        LoadReportField::Application => report.application_utilization,
+        LoadReportField::Cpu => report.cpu_utilization,
+        LoadReportField::Named(name) => report.named_metrics.0.get(name).copied(),
+    };
+    let wanted = field.to_string();
+    let shown = value.map(|v| v.to_string()).unwrap_or_default();
+    match value {
+        None => Err(LoadReportError::Missing(wanted)),
+        Some(v) => utilisation(Some(v), &wanted, &shown),
+    }
+}
+
+fn utilisation(value: Option<f64>, field: &str, shown: &str) -> Result<f64, LoadReportError> {
+    match value {
+        Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(LoadReportError::Value {
+            field: field.to_owned(),
+            value: shown.to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;
