@@ -46,6 +46,9 @@ struct Run {
     replicas: Replicas,
     scale: Vec<Scale>,
     seed: u64,
+    /// Whether the upstream reports its utilisation with each answer and the replicas read
+    /// it (`--load-report`).
+    load_reports: bool,
 }
 
 impl Run {
@@ -58,6 +61,7 @@ impl Run {
             replicas,
             scale: Vec::new(),
             seed,
+            load_reports: false,
         }
     }
 
@@ -77,7 +81,8 @@ impl Run {
             max_inflight: self.cap.and_then(std::num::NonZeroU32::new),
             latency_target: self.target,
         };
-        let scenario = Scenario::new(&self.load, controller, self.replicas.clone(), self.seed);
+        let mut scenario = Scenario::new(&self.load, controller, self.replicas.clone(), self.seed);
+        scenario.load_reports = self.load_reports;
         let capacity = sim.capacity();
         (
             run_scenario(&scenario, &sim, policy, events).await,
@@ -140,14 +145,27 @@ async fn fleet_holds(replicas: usize, factor: f64, p99_targets: f64) {
 
 /// [`fleet_holds`], each replica run with `--max-inflight cap` if given.
 async fn fleet_holds_capped(replicas: usize, cap: Option<u32>, factor: f64, p99_targets: f64) {
+    fleet_holds_at(31, false, replicas, cap, factor, p99_targets).await;
+}
+
+/// [`fleet_holds_capped`] at `seed`, the upstream reporting its load if `load_reports`.
+async fn fleet_holds_at(
+    seed: u64,
+    load_reports: bool,
+    replicas: usize,
+    cap: Option<u32>,
+    factor: f64,
+    p99_targets: f64,
+) {
     let policy = policy();
-    let events = geographic_events(&policy, MIX, 20_000, 31);
+    let events = geographic_events(&policy, MIX, 20_000, seed);
     let mut run = Run::new(
         &[(5, 0.8), (12, factor), (5, 0.5)],
         Replicas::fixed(replicas),
-        31,
+        seed,
     );
     run.cap = cap;
+    run.load_reports = load_reports;
     let (s, capacity) = run.go(&policy, &events).await;
     let text = summary(&s, capacity);
     let name = match cap {
@@ -196,6 +214,15 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
     fleet_holds(16, 10.0, 2.5).await;
 }
 
+/// With the upstream's own load report (`--load-report`: in-flight over its concurrency, the
+/// same for every replica), 16 replicas hold 10x within twice the target: at 32 of seeds
+/// 1–40 (`cargo bench --bench fleet -- --load-reports`; at none without it, median 66 ms).
+/// At seed 21, 55 ms with it, 68 without.
+#[tokio::test(start_paused = true)]
+async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load_report() {
+    fleet_holds_at(21, true, 16, None, 10.0, 2.0).await;
+}
+
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99
 /// within twice the target in each (at seed 32: 2 replicas 43 ms; 8, six cold ones joined,
 /// 55 ms; 3 after the scale-in 57 ms). Before cold replicas held on latency alone
@@ -210,36 +237,55 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
 /// pass so that the runs it describes cannot get worse unnoticed.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
+    for seed in [32, 5] {
+        count_change_holds(seed, false).await;
+    }
+}
+
+/// The count change with the upstream reporting its load: cold replicas joining read the
+/// same queue as the rest instead of steering on latency alone. Met at 13 of seeds 1–40
+/// (`cargo bench --bench fleet -- --load-reports`; 8 without), the 3-replica phase's p99
+/// median 47 ms (78 without). At seed 16: 56 and 46 ms in the 8- and 3-replica phases, 125
+/// and 168 ms without.
+#[tokio::test(start_paused = true)]
+async fn the_replica_count_changing_on_the_upstreams_load_report_keeps_the_upstream_full() {
+    count_change_holds(16, true).await;
+}
+
+/// The replica count going 2 -> 8 -> 3 during 3x at `seed`, held in every phase.
+async fn count_change_holds(seed: u64, load_reports: bool) {
     // Scaled out from 2 to 8 at 9 s (six cold replicas join the overload), in to 3 at 14 s
     // (five finish what they hold and take nothing more); arrivals spread at random, as
     // kube-proxy's iptables mode does.
     let policy = policy();
-    for seed in [32, 5] {
-        let events = geographic_events(&policy, MIX, 20_000, seed);
-        let run = Run::new(
-            &[(5, 0.8), (15, 3.0), (5, 0.8)],
-            Replicas {
-                steps: vec![
-                    (Duration::ZERO, 2),
-                    (Duration::from_secs(9), 8),
-                    (Duration::from_secs(14), 3),
-                ],
-                spread: Spread::Random,
-            },
-            seed,
-        );
-        let (s, cap) = run.go(&policy, &events).await;
-        let text = format!("seed {seed}\n{}", summary(&s, cap));
-        assert_invariants(&s, &text);
-        for (name, window) in [
-            ("2 replicas, 3x", 7..9),
-            ("8 replicas, 3x", 10..14),
-            ("3 replicas, 3x", 15..20),
-        ] {
-            assert_held(&figures(name, &s, window, cap), TARGET_MS, &text);
-        }
-        assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+    let events = geographic_events(&policy, MIX, 20_000, seed);
+    let mut run = Run::new(
+        &[(5, 0.8), (15, 3.0), (5, 0.8)],
+        Replicas {
+            steps: vec![
+                (Duration::ZERO, 2),
+                (Duration::from_secs(9), 8),
+                (Duration::from_secs(14), 3),
+            ],
+            spread: Spread::Random,
+        },
+        seed,
+    );
+    run.load_reports = load_reports;
+    let (s, cap) = run.go(&policy, &events).await;
+    let text = format!(
+        "seed {seed}, load reports {load_reports}\n{}",
+        summary(&s, cap)
+    );
+    assert_invariants(&s, &text);
+    for (name, window) in [
+        ("2 replicas, 3x", 7..9),
+        ("8 replicas, 3x", 10..14),
+        ("3 replicas, 3x", 15..20),
+    ] {
+        assert_held(&figures(name, &s, window, cap), TARGET_MS, &text);
     }
+    assert!(recovery_seconds(&s, 20) <= 3, "{text}");
 }
 
 #[tokio::test(start_paused = true)]
