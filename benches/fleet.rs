@@ -14,7 +14,8 @@
 //! `shedgate::pressure::report`), read by every replica. Prints, per
 //! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
 //! admitted p99 (`inf` when nothing completed within the 1 s timeout) or shed share, their
-//! median and worst, how many seeds served under half the capacity, and per scenario how
+//! median and worst, how many seeds served under half the capacity, the share of priority
+//! areas' (ranks 1–10) sheddable events shed (median and most), and per scenario how
 //! many seeds met its ranges in every phase (the issue's: goodput at least 95%, p99 at most
 //! twice the 30 ms target). The scenarios:
 //!
@@ -297,6 +298,8 @@ fn main() {
             };
             let goodput: Vec<f64> = runs.iter().map(|r| r[i].goodput * 100.0).collect();
             let shed: Vec<f64> = runs.iter().map(|r| r[i].shed * 100.0).collect();
+            // Priority areas (ranks 1-10): what holding the latency cost them.
+            let priority: Vec<f64> = runs.iter().map(|r| r[i].shed_by_band[0] * 100.0).collect();
             let each: Vec<String> = seeds
                 .iter()
                 .enumerate()
@@ -307,7 +310,8 @@ fn main() {
                 .collect();
             println!(
                 "  {phase} [{}..{} s]: p99 median {:.0} ms, worst {:.0} ms; goodput lowest \
-                 {:.1}%{collapsed}; shed median {:.1}%, most {:.1}%",
+                 {:.1}%{collapsed}; shed median {:.1}%, most {:.1}%; ranks 1-10 shed median \
+                 {:.1}%, most {:.1}%",
                 window.start,
                 window.end,
                 median(p99.clone()),
@@ -315,6 +319,8 @@ fn main() {
                 goodput.iter().copied().fold(f64::MAX, f64::min),
                 median(shed.clone()),
                 shed.iter().copied().fold(f64::MIN, f64::max),
+                median(priority.clone()),
+                priority.iter().copied().fold(f64::MIN, f64::max),
             );
             println!("    {}", each.join("  "));
         }
