@@ -12,6 +12,8 @@
 //! `app::start`, its own listener and controller) behind a round-robin spread in front of one
 //! upstream, at 3x and 10x; one table. `-- --grown`: the upstream has three times the workers
 //! and is offered 0.85x of that (the case where a fixed concurrency number shed 12%).
+//! `-- --load-reports` (with `--replicas`): the upstream states its utilisation with every
+//! answer (ORCA) and each proxy reads it (`--load-report application_utilization`).
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
@@ -343,14 +345,19 @@ fn recovery(secs: &[Sec]) -> String {
 /// upstream, at 3x and 10x. `--grown`: the upstream has three times the workers and is
 /// offered 0.85x of that, the case where a fixed concurrency number shed traffic the upstream
 /// had room for.
-async fn replicas(n: usize, grown: bool, policies: &Path, evs: &[Ev]) {
+async fn replicas(n: usize, grown: bool, load_reports: bool, policies: &Path, evs: &[Ev]) {
     let workers = if grown { 3 * WORKERS } else { WORKERS };
     let factors: &[f64] = if grown { &[0.85] } else { &[3.0, 10.0] };
     println!(
-        "upstream: {workers} workers x {} ms = {:.0} req/s; latency target {} ms; {n} replica(s), round robin, no --max-inflight",
+        "upstream: {workers} workers x {} ms = {:.0} req/s; latency target {} ms; {n} replica(s), round robin, no --max-inflight{}",
         SERVICE.as_millis(),
         f64::from(workers) / SERVICE.as_secs_f64(),
         TARGET.as_millis(),
+        if load_reports {
+            "; load reports read (--load-report application_utilization)"
+        } else {
+            ""
+        },
     );
     println!(
         "| replicas | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | seconds in rank order | CV admitted/s | all delivered after |"
@@ -359,7 +366,10 @@ async fn replicas(n: usize, grown: bool, policies: &Path, evs: &[Ev]) {
     for &factor in factors {
         let sim = Simulator::new(workers, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
         let capacity = sim.capacity();
-        let (up, up_task) = Arc::clone(&sim).serve_http().await.unwrap();
+        let (up, up_task) = Arc::clone(&sim)
+            .serve_http_with(load_reports)
+            .await
+            .unwrap();
         let mut running = Vec::new();
         for _ in 0..n {
             let config = Config::from_args(ServeArgs {
@@ -368,6 +378,7 @@ async fn replicas(n: usize, grown: bool, policies: &Path, evs: &[Ev]) {
                 upstream: Some(format!("http://{up}")),
                 policies: Some(policies.to_owned()),
                 latency_target: Some(TARGET.into()),
+                load_report: load_reports.then(|| "application_utilization".to_owned()),
                 ..ServeArgs::default()
             })
             .unwrap();
@@ -429,6 +440,7 @@ fn main() {
                 .expect("--replicas takes a number of replicas")
         });
     let grown = args.iter().any(|a| a == "--grown");
+    let load_reports = args.iter().any(|a| a == "--load-reports");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -438,7 +450,8 @@ fn main() {
             let root = Path::new(env!("CARGO_MANIFEST_DIR"));
             let policies = root.join("policies");
             let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
-            replicas(replicas_arg.unwrap_or(1).max(1), grown, &policies, &events(&policy)).await;
+            let n = replicas_arg.unwrap_or(1).max(1);
+            replicas(n, grown, load_reports, &policies, &events(&policy)).await;
             return;
         }
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -259,6 +259,19 @@ impl Simulator {
     pub async fn serve_http(
         self: Arc<Self>,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+        self.serve_http_with(false).await
+    }
+
+    /// [`Simulator::serve_http`], each 204 carrying a load report if `load_reports`:
+    /// `endpoint-load-metrics: TEXT application_utilization=U` with U its
+    /// [`Simulator::utilisation`] then (ORCA's text form, `crate::upstream::load_report`).
+    ///
+    /// # Errors
+    /// When the port cannot be bound.
+    pub async fn serve_http_with(
+        self: Arc<Self>,
+        load_reports: bool,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
@@ -279,6 +292,16 @@ impl Simulator {
                             };
                             let mut r = Response::new(Empty::<Bytes>::new());
                             *r.status_mut() = status;
+                            if load_reports && status == StatusCode::NO_CONTENT {
+                                let report = format!(
+                                    "TEXT application_utilization={:.3}",
+                                    sim.utilisation()
+                                );
+                                if let Ok(value) = http::HeaderValue::from_str(&report) {
+                                    r.headers_mut()
+                                        .insert(crate::upstream::load_report::HEADER, value);
+                                }
+                            }
                             Ok::<_, std::convert::Infallible>(r)
                         }
                     });
