@@ -26,7 +26,8 @@
 //!   controller turning upstream latency, in-flight count and completions into it (the
 //!   integral at each tick, the proportional part at each decision), with the no-load
 //!   latency it learns (`pressure::noload`, and `pressure::probe` for a replica that has
-//!   not seen its upstream calm); no concurrency number is an input.
+//!   not seen its upstream calm), or the upstream's own load report (`pressure::report`); no
+//!   concurrency number is an input.
 //! - [`extract`]: reading facts from bodies — JSON pointers, the walk, format presets, event
 //!   times. Knows nothing of policies.
 //! - [`policy`]: the policy model (streams, classes, routes, areas, the shed curve with
@@ -41,7 +42,8 @@
 //! - [`edge`]: client connections (accept, timeouts, idle connections parked, drain), the
 //!   request-smuggling guard on each connection's raw bytes, and the one place where reasons
 //!   become statuses, `Retry-After` and problem+json.
-//! - [`upstream`]: the pooled proxy client and header hygiene.
+//! - [`upstream`]: the pooled proxy client, header hygiene, and the reader of the upstream's
+//!   ORCA load report (`upstream::load_report`).
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the
 //!   service, read, budget, forward), holding in-flight accounting until the body ends.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/reload`,

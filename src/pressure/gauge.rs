@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
-use super::report::ReportWindow;
+use super::report::{MAX_REPORT, ReportWindow};
 use super::{ControllerConfig, Pressure};
 
 /// Bits of a packed latency window's sum (microseconds; the count is in the bits above):
@@ -151,16 +151,15 @@ impl PressureGauge {
     }
 
     /// Records the utilisation the upstream reported with an answer (in-flight over its
-    /// concurrency, [`super::report`]); negative or non-finite values are not reports.
+    /// concurrency, [`super::report`]), read as at most [`MAX_REPORT`]; negative or
+    /// non-finite values are not reports.
     pub fn record_load_report(&self, utilisation: f64) {
         if !utilisation.is_finite() || utilisation < 0.0 {
             return;
         }
-        // Capped as a latency sample is, at 2^36 - 1 millionths (a utilisation of 68,719),
-        // so that 256 of them in one tick still fit the 44-bit sum.
-        #[expect(clippy::cast_possible_truncation, reason = "capped below 2^36 first")]
+        #[expect(clippy::cast_possible_truncation, reason = "at most 16 million")]
         #[expect(clippy::cast_sign_loss, reason = "not negative here")]
-        let millionths = (utilisation * 1e6).min(68_719_476_735.0) as u64;
+        let millionths = (utilisation.min(MAX_REPORT) * 1e6) as u64;
         self.reports
             .fetch_add((1 << LATENCY_SUM_BITS) | millionths, Ordering::Relaxed);
     }

@@ -30,7 +30,9 @@
 //! ([`noload`]) only says whether there is a queue: an upstream that a deploy made slower
 //! than the target does not shed on its own (Netflix Gradient2's "app-limited" guard in
 //! another form), and a slow upstream under load is held at its real capacity. No
-//! concurrency number is an input ([`ControllerConfig::max_inflight`] is a safety cap).
+//! concurrency number is an input ([`ControllerConfig::max_inflight`] is a safety cap); an
+//! upstream that reports its own utilisation ([`report`], `--load-report`) gives every
+//! replica the same queue reading in place of its own.
 
 mod constants;
 mod controller;
@@ -53,7 +55,7 @@ pub use constants::{
 };
 pub use controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
-pub use report::ReportWindow;
+pub use report::{MAX_REPORT, REPORT_STALE, ReportWindow};
 
 /// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
 /// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix

@@ -13,6 +13,14 @@ use super::constants::LATENCY_TAU;
 /// no traffic).
 pub const REPORT_STALE: Duration = Duration::from_secs(1);
 
+/// Largest utilisation one report counts as: a queue 15 times the upstream's workers deep.
+/// The integral's error is at its clamp from 3.25 on (`SETPOINT + ERROR_CLAMP`), so past
+/// this a deeper queue would only slow the smoothed value's fall; it bounds what one report
+/// from a pod that writes a percentage (85 for 0.85) does to a tick's mean, and keeps a
+/// tick's sum within the 44 bits of its window for the 2^20 reports its count holds
+/// (16 × 10^6 < 2^24).
+pub const MAX_REPORT: f64 = 16.0;
+
 /// Load reports gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ReportWindow {

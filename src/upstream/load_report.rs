@@ -11,9 +11,11 @@
 //! endpoint-load-metrics: JSON {"application_utilization": 1.2, "named_metrics": {"queue": 0.4}}
 //! ```
 //!
-//! The binary form (`BIN`, and the `endpoint-load-metrics-bin` header) is a serialized
-//! protobuf: not read (an error, counted). A report that names the metric twice, or an answer
-//! with two such headers, is an error, never a guess between the two values.
+//! Envoy's older header `endpoint-load-metrics-json` (the JSON form without its prefix) is
+//! read too. The binary form (`BIN`, and the `endpoint-load-metrics-bin` header) is a
+//! serialized protobuf: not read (an error, counted). A text report split over several
+//! header lines is one list (RFC 9110 section 5.3); a report that names the metric twice, or
+//! an answer with reports in two forms, is an error, never a guess between the two values.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,6 +26,10 @@ use serde::Deserialize;
 
 /// The header ORCA's text and JSON reports travel in.
 pub const HEADER: &str = "endpoint-load-metrics";
+/// Envoy's older header for the JSON form, without the `JSON ` prefix.
+pub const HEADER_JSON: &str = "endpoint-load-metrics-json";
+/// The header of the binary (protobuf) form, not read.
+pub const HEADER_BIN: &str = "endpoint-load-metrics-bin";
 
 /// The ORCA metric read as the upstream's utilisation: in-flight over its concurrency, 1.0
 /// with every worker busy and none waiting, above 1 with a queue (ORCA lets utilisations
@@ -87,14 +93,14 @@ impl fmt::Display for LoadReportField {
 /// Why a report was not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadReportError {
-    /// More than one `endpoint-load-metrics` header in one answer.
-    #[error("{HEADER} appears more than once")]
+    /// Reports in more than one form (or JSON twice) in one answer.
+    #[error("more than one load report in one answer ({HEADER}, {HEADER_JSON}, {HEADER_BIN})")]
     TwoHeaders,
     /// Not visible ASCII.
     #[error("{HEADER} is not text")]
     NotText,
     /// The binary (protobuf) form.
-    #[error("{HEADER}: the binary (BIN) form is not read; send TEXT or JSON")]
+    #[error("the binary (BIN, {HEADER_BIN}) load report is not read; send TEXT or JSON")]
     Binary,
     /// Neither `TEXT ` nor `JSON ` (nor `BIN `) first.
     #[error("{HEADER}: no TEXT or JSON prefix")]
@@ -123,24 +129,52 @@ pub enum LoadReportError {
 /// # Errors
 /// A [`LoadReportError`] for a report that is there but cannot be read as one utilisation.
 pub fn read(headers: &HeaderMap, field: &LoadReportField) -> Result<Option<f64>, LoadReportError> {
-    let mut all = headers.get_all(HEADER).iter();
-    let Some(value) = all.next() else {
+    let lines = headers.get_all(HEADER);
+    let json = headers.get_all(HEADER_JSON);
+    let forms = usize::from(lines.iter().next().is_some())
+        + usize::from(json.iter().next().is_some())
+        + usize::from(headers.contains_key(HEADER_BIN));
+    match forms {
+        0 => return Ok(None),
+        1 => {}
+        _ => return Err(LoadReportError::TwoHeaders),
+    }
+    if headers.contains_key(HEADER_BIN) {
+        return Err(LoadReportError::Binary);
+    }
+    if let Some(value) = json.iter().next() {
+        if json.iter().nth(1).is_some() {
+            return Err(LoadReportError::TwoHeaders);
+        }
+        let text = value.to_str().map_err(|_| LoadReportError::NotText)?;
+        return from_json(text, field).map(Some);
+    }
+    let mut each = lines.iter();
+    let Some(first) = each.next() else {
         return Ok(None);
     };
-    if all.next().is_some() {
-        return Err(LoadReportError::TwoHeaders);
+    let first = first.to_str().map_err(|_| LoadReportError::NotText)?;
+    if each.next().is_none() {
+        return if let Some(pairs) = first.strip_prefix("TEXT ") {
+            from_text([pairs], field).map(Some)
+        } else if let Some(json) = first.strip_prefix("JSON ") {
+            from_json(json, field).map(Some)
+        } else if first.starts_with("BIN ") {
+            Err(LoadReportError::Binary)
+        } else {
+            Err(LoadReportError::NoFormat)
+        };
     }
-    let text = value.to_str().map_err(|_| LoadReportError::NotText)?;
-    let utilisation = if let Some(pairs) = text.strip_prefix("TEXT ") {
-        from_text(pairs, field)?
-    } else if let Some(json) = text.strip_prefix("JSON ") {
-        from_json(json, field)?
-    } else if text.starts_with("BIN ") {
-        return Err(LoadReportError::Binary);
-    } else {
-        return Err(LoadReportError::NoFormat);
-    };
-    Ok(Some(utilisation))
+    // Several lines: one text list split over them, each line with its prefix.
+    let mut parts = Vec::new();
+    for value in &lines {
+        let text = value.to_str().map_err(|_| LoadReportError::NotText)?;
+        parts.push(
+            text.strip_prefix("TEXT ")
+                .ok_or(LoadReportError::TwoHeaders)?,
+        );
+    }
+    from_text(parts, field).map(Some)
 }
 
 /// `name=value` pairs, comma-separated, map fields as `map.key` (the ORCA text form).
@@ -149,10 +183,14 @@ pub fn read(headers: &HeaderMap, field: &LoadReportField) -> Result<Option<f64>,
 /// `cargo bench --bench decision -- part/load-report` measured 300 ns a report on the 2-core
 /// build machine (404 ns when the metric's name was formatted per call), under 1% of the
 /// ~50 µs of CPU a forwarded request costs shedgate (README "Benchmarks"), and only with
-/// `--load-report` set.
-fn from_text(pairs: &str, field: &LoadReportField) -> Result<f64, LoadReportError> {
+/// `--load-report` set. The JSON form goes through serde_json (a library, allocating) and
+/// is not benched.
+fn from_text<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+    field: &LoadReportField,
+) -> Result<f64, LoadReportError> {
     let mut found = None;
-    for pair in pairs.split(',') {
+    for pair in lines.into_iter().flat_map(|line| line.split(',')) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if !field.is(name.trim()) {
             continue;
@@ -173,14 +211,17 @@ fn from_text(pairs: &str, field: &LoadReportField) -> Result<f64, LoadReportErro
         })
 }
 
-/// The fields of ORCA's `OrcaLoadReport` read here, in its JSON mapping; others are ignored.
-/// A field given twice is a serde error (derive rejects duplicates), and so is a named metric
-/// given twice ([`Unique`]).
+/// The fields of ORCA's `OrcaLoadReport` read here, in its JSON mapping (the proto's names,
+/// or protobuf JSON's lowerCamelCase, as Envoy accepts both); others are ignored. A field
+/// given twice, under either name, is a serde error (derive rejects duplicates), and so is a
+/// named metric given twice ([`Unique`]).
 #[derive(Deserialize)]
 struct JsonReport {
+    #[serde(alias = "cpuUtilization")]
     cpu_utilization: Option<f64>,
+    #[serde(alias = "applicationUtilization")]
     application_utilization: Option<f64>,
-    #[serde(default)]
+    #[serde(default, alias = "namedMetrics")]
     named_metrics: Unique,
 }
 

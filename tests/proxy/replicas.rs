@@ -168,9 +168,10 @@ async fn fleet_holds_at(
     run.load_reports = load_reports;
     let (s, capacity) = run.go(&policy, &events).await;
     let text = summary(&s, capacity);
+    let reports = if load_reports { ", load reports" } else { "" };
     let name = match cap {
-        Some(c) => format!("{replicas} replicas capped at {c}, {factor}x"),
-        None => format!("{replicas} replicas, {factor}x"),
+        Some(c) => format!("{replicas} replicas capped at {c}, {factor}x{reports}"),
+        None => format!("{replicas} replicas, {factor}x{reports}"),
     };
     assert_invariants(&s, &text);
     let f = figures(&name, &s, 7..17, capacity);

@@ -223,10 +223,13 @@ impl Simulator {
             *first = start + self.service.sample(u).mul_f64(slowdown);
             *first
         };
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(std::cmp::Reverse(done));
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            while pending.peek().is_some_and(|r| r.0 <= now) {
+                pending.pop();
+            }
+            pending.push(std::cmp::Reverse(done));
+        }
         tokio::time::sleep_until(done).await;
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::super::constants::TICK;
 use super::super::controller::{Controller, InflightWindow, LatencyWindow};
 use super::super::{ControllerConfig, PressureGauge};
-use super::{REPORT_STALE, ReportWindow};
+use super::{MAX_REPORT, REPORT_STALE, ReportWindow};
 
 fn controller() -> Controller {
     Controller::new(ControllerConfig {
@@ -100,9 +100,16 @@ async fn a_report_older_than_report_stale_is_not_read() {
     let now = run(&mut c, Instant::now(), 1.0, 3, (5, 25), Some(0.6));
     let reported = c.state(3).reported_utilisation.unwrap();
     assert!((reported - 0.6).abs() < 1e-6, "{reported}");
-    let now = run(&mut c, now, REPORT_STALE.as_secs_f64(), 3, (5, 25), None);
+    let now = run(
+        &mut c,
+        now,
+        REPORT_STALE.as_secs_f64() - 0.1,
+        3,
+        (5, 25),
+        None,
+    );
     assert!(c.state(3).reported_utilisation.is_some(), "still fresh");
-    run(&mut c, now, 0.1, 3, (5, 25), None);
+    run(&mut c, now, 0.2, 3, (5, 25), None);
     assert_eq!(c.state(3).reported_utilisation, None);
 }
 
@@ -121,4 +128,37 @@ async fn the_gauge_folds_reports_into_the_next_tick() {
     gauge.tick(Instant::now() + TICK);
     let reported = gauge.view().controller.reported_utilisation.unwrap();
     assert!((reported - 1.0).abs() < 1e-6, "{reported}");
+}
+
+/// One report is read as at most [`MAX_REPORT`]: a pod that writes a percentage does not
+/// hold the tick's mean at thousands, and a busy tick's capped reports do not overflow the
+/// window's sum into its count.
+#[tokio::test(start_paused = true)]
+async fn a_report_counts_as_at_most_max_report() {
+    let gauge = PressureGauge::new(ControllerConfig {
+        max_inflight: None,
+        latency_target: Duration::from_millis(50),
+    });
+    gauge.record_latency(Duration::from_millis(20));
+    gauge.record_load_report(85.0);
+    for _ in 0..3 {
+        gauge.record_load_report(1.0);
+    }
+    gauge.tick(Instant::now() + TICK);
+    let reported = gauge.view().controller.reported_utilisation.unwrap();
+    assert!(
+        (reported - (MAX_REPORT + 3.0) / 4.0).abs() < 1e-6,
+        "{reported}"
+    );
+    let gauge = PressureGauge::new(ControllerConfig {
+        max_inflight: None,
+        latency_target: Duration::from_millis(50),
+    });
+    gauge.record_latency(Duration::from_millis(20));
+    for _ in 0..5_000 {
+        gauge.record_load_report(1e9);
+    }
+    gauge.tick(Instant::now() + TICK);
+    let reported = gauge.view().controller.reported_utilisation.unwrap();
+    assert!((reported - MAX_REPORT).abs() < 1e-6, "{reported}");
 }

@@ -2,7 +2,7 @@
 
 use http::{HeaderMap, HeaderValue};
 
-use super::{HEADER, LoadReportError, LoadReportField, read};
+use super::{HEADER, HEADER_BIN, HEADER_JSON, LoadReportError, LoadReportField, read};
 
 fn headers(values: &[&str]) -> HeaderMap {
     let mut h = HeaderMap::new();
@@ -77,6 +77,13 @@ fn a_report_that_cannot_be_read_as_one_utilisation_is_an_error() {
                 "TEXT application_utilization=1",
                 "TEXT application_utilization=2",
             ],
+            LoadReportError::Duplicate("application_utilization".into()),
+        ),
+        (
+            &[
+                r#"JSON {"application_utilization": 1}"#,
+                "TEXT cpu_utilization=1",
+            ],
             LoadReportError::TwoHeaders,
         ),
         (
@@ -134,4 +141,76 @@ fn a_report_that_cannot_be_read_as_one_utilisation_is_an_error() {
         read(&h, &app()),
         Err(LoadReportError::Value { .. })
     ));
+}
+
+#[test]
+fn the_text_form_tolerates_spaces_and_empty_pairs() {
+    for text in [
+        "TEXT application_utilization = 1.5",
+        "TEXT ,, application_utilization=1.5,",
+        "TEXT cpu_utilization=0.2 ,application_utilization=1.5 , eps=3",
+    ] {
+        assert_eq!(read(&headers(&[text]), &app()), Ok(Some(1.5)), "{text}");
+    }
+}
+
+/// RFC 9110 section 5.3: a list split over several lines is one list.
+#[test]
+fn a_text_report_over_several_lines_is_one_list() {
+    let h = headers(&[
+        "TEXT cpu_utilization=0.2",
+        "TEXT application_utilization=1.5",
+    ]);
+    assert_eq!(read(&h, &app()), Ok(Some(1.5)));
+    let h = headers(&[
+        "TEXT application_utilization=1.5",
+        "TEXT application_utilization=0.5",
+    ]);
+    assert_eq!(
+        read(&h, &app()),
+        Err(LoadReportError::Duplicate("application_utilization".into()))
+    );
+    let h = headers(&[
+        "TEXT cpu_utilization=0.2",
+        r#"JSON {"application_utilization": 1}"#,
+    ]);
+    assert_eq!(read(&h, &app()), Err(LoadReportError::TwoHeaders));
+}
+
+/// Envoy's other two headers: the JSON one is read, the binary one refused, and two forms in
+/// one answer are refused rather than chosen between.
+#[test]
+fn the_other_orca_headers() {
+    let mut h = HeaderMap::new();
+    h.insert(
+        HEADER_JSON,
+        HeaderValue::from_static(r#"{"application_utilization": 0.75}"#),
+    );
+    assert_eq!(read(&h, &app()), Ok(Some(0.75)));
+    h.insert(
+        HEADER,
+        HeaderValue::from_static("TEXT application_utilization=2"),
+    );
+    assert_eq!(read(&h, &app()), Err(LoadReportError::TwoHeaders));
+    let mut h = HeaderMap::new();
+    h.insert(
+        HEADER_BIN,
+        HeaderValue::from_static("CZqZmZmZmbk/MQAAAAAAAABA"),
+    );
+    assert_eq!(read(&h, &app()), Err(LoadReportError::Binary));
+}
+
+/// Protobuf's JSON printers write lowerCamelCase; Envoy reads both spellings, and a field
+/// under both is given twice.
+#[test]
+fn the_json_form_in_protobufs_camel_case() {
+    let h = headers(&[r#"JSON {"applicationUtilization": 1.1, "namedMetrics": {"q": 2}}"#]);
+    assert_eq!(read(&h, &app()), Ok(Some(1.1)));
+    assert_eq!(read(&h, &LoadReportField::Named("q".into())), Ok(Some(2.0)));
+    let h = headers(&[r#"JSON {"applicationUtilization": 1, "application_utilization": 2}"#]);
+    assert!(
+        matches!(read(&h, &app()), Err(LoadReportError::Json(_))),
+        "{:?}",
+        read(&h, &app())
+    );
 }
