@@ -223,8 +223,6 @@ pub struct Controller {
     seen_calm: bool,
     probe: ColdProbe,
     report: LoadReport,
-    /// The upstream's reported utilisation at the last tick, while fresh.
-    reported: Option<f64>,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -290,7 +288,6 @@ impl Controller {
             seen_calm: false,
             probe: ColdProbe::default(),
             report: LoadReport::default(),
-            reported: None,
         }
     }
 
@@ -322,7 +319,6 @@ impl Controller {
         };
         self.mean_u = self.output.utilisation(mean_inflight, MIN_SHARE);
         let reported = self.report.update(now, reports, alpha(LATENCY_TAU));
-        self.reported = reported;
         let tick_mean =
             (latency.count > 0).then(|| latency.sum_us as f64 / latency.count as f64 / 1e6);
         let last_sample = *self.last_sample.get_or_insert(now);
@@ -552,7 +548,7 @@ impl Controller {
             queue_ratio: self.queue_ratio(),
             noload_latency_ms: self.noload.value().map(|l0| l0 * 1e3),
             noload_verified: self.noload.reference().is_some(),
-            reported_utilisation: self.reported,
+            reported_utilisation: self.report.current(),
             cold: !self.seen_calm,
             concurrency_share: self.output.share,
             sample_rate: self.rate,

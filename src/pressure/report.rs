@@ -37,15 +37,14 @@ pub struct ReportWindow {
 pub(super) struct LoadReport {
     value: f64,
     seen: Option<Instant>,
+    /// What the last update returned: `value` while fresh.
+    current: Option<f64>,
 }
 
 impl LoadReport {
     /// Folds in a tick's reports (`alpha` is the smoothing step of [`LATENCY_TAU`] over the
     /// tick); the smoothed utilisation while a report arrived within [`REPORT_STALE`].
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "a tick's count and sum, below 2^52"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
     pub(super) fn update(&mut self, now: Instant, window: ReportWindow, alpha: f64) -> Option<f64> {
         if window.count > 0 {
             let mean = window.sum_millionths as f64 / window.count as f64 / 1e6;
@@ -59,9 +58,16 @@ impl LoadReport {
             };
             self.seen = Some(now);
         }
-        self.seen
+        self.current = self
+            .seen
             .filter(|&seen| now.saturating_duration_since(seen) <= REPORT_STALE)
-            .map(|_| self.value)
+            .map(|_| self.value);
+        self.current
+    }
+
+    /// The smoothed utilisation as of the last update, while it was fresh.
+    pub(super) fn current(&self) -> Option<f64> {
+        self.current
     }
 }
 

@@ -18,6 +18,7 @@
 //! an answer with reports in two forms, is an error, never a guess between the two values.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt;
 use std::str::FromStr;
 
@@ -209,14 +210,7 @@ fn from_text<'a>(
         found = Some(value.trim());
     }
     let value = found.ok_or_else(|| LoadReportError::Missing(field.to_string()))?;
-    value
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| LoadReportError::Value {
-            field: field.to_string(),
-            value: value.to_owned(),
-        })
+    utilisation(value.parse().ok(), field, || value.to_owned())
 }
 
 /// The fields of ORCA's `OrcaLoadReport` read here, in its JSON mapping (the proto's names,
@@ -251,10 +245,15 @@ impl<'de> Deserialize<'de> for Unique {
             ) -> Result<Unique, A::Error> {
                 let mut out = BTreeMap::new();
                 while let Some((key, value)) = map.next_entry::<String, f64>()? {
-                    if out.contains_key(&key) {
-                        return Err(serde::de::Error::custom(format!("{key} appears twice")));
+                    match out.entry(key) {
+                        Entry::Occupied(e) => {
+                            let twice = format!("{} appears twice", e.key());
+                            return Err(serde::de::Error::custom(twice));
+                        }
+                        Entry::Vacant(e) => {
+                            e.insert(value);
+                        }
                     }
-                    out.insert(key, value);
                 }
                 Ok(Unique(out))
             }
@@ -271,20 +270,22 @@ fn from_json(json: &str, field: &LoadReportField) -> Result<f64, LoadReportError
         LoadReportField::Cpu => report.cpu_utilization,
         LoadReportField::Named(name) => report.named_metrics.0.get(name).copied(),
     };
-    let wanted = field.to_string();
-    let shown = value.map(|v| v.to_string()).unwrap_or_default();
-    match value {
-        None => Err(LoadReportError::Missing(wanted)),
-        Some(v) => utilisation(Some(v), &wanted, &shown),
-    }
+    let v = value.ok_or_else(|| LoadReportError::Missing(field.to_string()))?;
+    utilisation(Some(v), field, || v.to_string())
 }
 
-fn utilisation(value: Option<f64>, field: &str, shown: &str) -> Result<f64, LoadReportError> {
+/// `value` if it is a utilisation (a finite number at or above 0), else the error naming
+/// `field` and the value as sent (`shown`, built only then).
+fn utilisation(
+    value: Option<f64>,
+    field: &LoadReportField,
+    shown: impl FnOnce() -> String,
+) -> Result<f64, LoadReportError> {
     match value {
         Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(LoadReportError::Value {
-            field: field.to_owned(),
-            value: shown.to_owned(),
+            field: field.to_string(),
+            value: shown(),
         }),
     }
 }

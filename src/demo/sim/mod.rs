@@ -223,13 +223,7 @@ impl Simulator {
             *first = start + self.service.sample(u).mul_f64(slowdown);
             *first
         };
-        {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            while pending.peek().is_some_and(|r| r.0 <= now) {
-                pending.pop();
-            }
-            pending.push(std::cmp::Reverse(done));
-        }
+        self.pending_at(now).push(std::cmp::Reverse(done));
         tokio::time::sleep_until(done).await;
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -241,13 +235,22 @@ impl Simulator {
     /// reads it): 1.0 with every worker busy and none waiting.
     pub fn utilisation(&self) -> f64 {
         let now = Instant::now();
+        #[expect(clippy::cast_precision_loss, reason = "a count below 2^52")]
+        let n = self.pending_at(now).len() as f64;
+        n / f64::from(self.workers_at(now))
+    }
+
+    /// The requests taken and not yet answered at `now` (those answered by then dropped),
+    /// locked.
+    fn pending_at(
+        &self,
+        now: Instant,
+    ) -> std::sync::MutexGuard<'_, std::collections::BinaryHeap<std::cmp::Reverse<Instant>>> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         while pending.peek().is_some_and(|r| r.0 <= now) {
             pending.pop();
         }
-        #[expect(clippy::cast_precision_loss, reason = "a count below 2^52")]
-        let n = pending.len() as f64;
-        n / f64::from(self.workers_at(now))
+        pending
     }
 
     /// Requests served so far.
