@@ -19,19 +19,39 @@ async fn reported(proxy: &shedgate::app::Running) -> Option<f64> {
     None
 }
 
-#[tokio::test]
-async fn a_load_report_reaches_the_controller_and_is_counted() {
+/// The seeded proxy in front of an upstream that sends `report` with every answer, reading
+/// `application_utilization` if `read`; `answers` vehicle positions sent, each answered 200.
+async fn proxy_with_report(
+    report: &'static str,
+    read: bool,
+    answers: usize,
+) -> (MockUpstream, PolicyDir, shedgate::app::Running, Vec<Answer>) {
     let behaviour = Behaviour {
-        load_report: Some("TEXT cpu_utilization=0.9, application_utilization=1.5"),
+        load_report: Some(report),
         ..Behaviour::default()
     };
-    let (_upstream, _policy, proxy) = seeded_with(behaviour, |a| {
-        a.load_report = Some("application_utilization".into());
+    let (upstream, policy, proxy) = seeded_with(behaviour, |a| {
+        a.load_report = read.then(|| "application_utilization".into());
     })
     .await;
-    for _ in 0..5 {
+    let mut sent = Vec::new();
+    for _ in 0..answers {
         let a = post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
         assert_eq!(a.status, http::StatusCode::OK);
+        sent.push(a);
+    }
+    (upstream, policy, proxy, sent)
+}
+
+#[tokio::test]
+async fn a_load_report_reaches_the_controller_and_is_counted() {
+    let (_upstream, _policy, proxy, answers) = proxy_with_report(
+        "TEXT cpu_utilization=0.9, application_utilization=1.5",
+        true,
+        5,
+    )
+    .await;
+    for a in answers {
         assert_eq!(
             a.header("endpoint-load-metrics"),
             Some("TEXT cpu_utilization=0.9, application_utilization=1.5"),
@@ -51,18 +71,8 @@ async fn a_load_report_reaches_the_controller_and_is_counted() {
 
 #[tokio::test]
 async fn an_unreadable_load_report_is_counted_and_the_answer_passes() {
-    let behaviour = Behaviour {
-        load_report: Some("BIN CZqZmZmZmbk/MQAAAAAAAABA"),
-        ..Behaviour::default()
-    };
-    let (_upstream, _policy, proxy) = seeded_with(behaviour, |a| {
-        a.load_report = Some("application_utilization".into());
-    })
-    .await;
-    for _ in 0..3 {
-        let a = post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
-        assert_eq!(a.status, http::StatusCode::OK);
-    }
+    let (_upstream, _policy, proxy, _) =
+        proxy_with_report("BIN CZqZmZmZmbk/MQAAAAAAAABA", true, 3).await;
     let text = scrape(&proxy).await;
     let count = |outcome| {
         metric(
@@ -82,12 +92,8 @@ async fn an_unreadable_load_report_is_counted_and_the_answer_passes() {
 
 #[tokio::test]
 async fn without_the_flag_a_report_is_not_read() {
-    let behaviour = Behaviour {
-        load_report: Some("TEXT application_utilization=3"),
-        ..Behaviour::default()
-    };
-    let (_upstream, _policy, proxy) = seeded_with(behaviour, |_| {}).await;
-    post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
+    let (_upstream, _policy, proxy, _) =
+        proxy_with_report("TEXT application_utilization=3", false, 1).await;
     tokio::time::sleep(Duration::from_millis(120)).await;
     let view = admin_get(&proxy, "/pressure").await.json();
     assert!(

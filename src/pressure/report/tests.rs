@@ -9,11 +9,22 @@ use super::super::controller::{Controller, InflightWindow, LatencyWindow};
 use super::super::{ControllerConfig, PressureGauge};
 use super::{MAX_REPORT, REPORT_STALE, ReportWindow};
 
-fn controller() -> Controller {
-    Controller::new(ControllerConfig {
+fn config() -> ControllerConfig {
+    ControllerConfig {
         max_inflight: None,
         latency_target: Duration::from_millis(50),
-    })
+    }
+}
+
+fn controller() -> Controller {
+    Controller::new(config())
+}
+
+/// A gauge with one 20 ms answer waiting for its next tick.
+fn answered_gauge() -> PressureGauge {
+    let gauge = PressureGauge::new(config());
+    gauge.record_latency(Duration::from_millis(20));
+    gauge
 }
 
 /// `per_tick` answers of `ms` each, with `inflight` in flight, and a report of
@@ -117,11 +128,7 @@ async fn a_report_older_than_report_stale_is_not_read() {
 /// are dropped, not summed.
 #[tokio::test(start_paused = true)]
 async fn the_gauge_folds_reports_into_the_next_tick() {
-    let gauge = PressureGauge::new(ControllerConfig {
-        max_inflight: None,
-        latency_target: Duration::from_millis(50),
-    });
-    gauge.record_latency(Duration::from_millis(20));
+    let gauge = answered_gauge();
     for u in [0.5, 1.5, f64::NAN, -1.0, f64::INFINITY] {
         gauge.record_load_report(u);
     }
@@ -135,11 +142,7 @@ async fn the_gauge_folds_reports_into_the_next_tick() {
 /// window's sum into its count.
 #[tokio::test(start_paused = true)]
 async fn a_report_counts_as_at_most_max_report() {
-    let gauge = PressureGauge::new(ControllerConfig {
-        max_inflight: None,
-        latency_target: Duration::from_millis(50),
-    });
-    gauge.record_latency(Duration::from_millis(20));
+    let gauge = answered_gauge();
     gauge.record_load_report(85.0);
     for _ in 0..3 {
         gauge.record_load_report(1.0);
@@ -150,11 +153,7 @@ async fn a_report_counts_as_at_most_max_report() {
         (reported - (MAX_REPORT + 3.0) / 4.0).abs() < 1e-6,
         "{reported}"
     );
-    let gauge = PressureGauge::new(ControllerConfig {
-        max_inflight: None,
-        latency_target: Duration::from_millis(50),
-    });
-    gauge.record_latency(Duration::from_millis(20));
+    let gauge = answered_gauge();
     for _ in 0..5_000 {
         gauge.record_load_report(1e9);
     }
