@@ -7,7 +7,7 @@
 //! of seeds 1–12 and 32 (5) with a lower 3-replica p99 median (57 against 63 ms), and at one
 //! fewer of 1–40 (7 against 8) with about the same (79 against 78 ms).
 //!
-//! Run: `cargo bench --bench fleet` (seeds 1–40, about 55 seconds once built), or with
+//! Run: `cargo bench --bench fleet` (seeds 1–40, about a minute once built), or with
 //! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, and
 //! `-- --case 1.05x` for only the scenarios whose name contains that text, and
 //! `-- --load-reports` for an upstream that states its utilisation with every answer (ORCA,
@@ -20,8 +20,9 @@
 //! twice the 30 ms target). The scenarios:
 //!
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
-//!   spread at random), phases 7–9 s, 10–14 s and 15–20 s;
-//! - 4 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
+//!   spread at random as kube-proxy's iptables mode does, then again in turn as IPVS round
+//!   robin does), phases 7–9 s, 10–14 s and 15–20 s;
+//! - 4, 8 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
 //! - one, four and sixteen replicas (round robin) offered 1.02x and 1.05x of the upstream's
 //!   capacity for 35 s, a mild overload, phases 10–15 s and 30–40 s;
 //! - the other side of the same trade-off, one replica: the upstream 1.8 times slower (36 ms
@@ -82,25 +83,31 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let mut cases = vec![Case {
-        name: "replica count 2 -> 8 -> 3 during 3x".into(),
-        load: vec![(5, 0.8), (15, 3.0), (5, 0.8)],
-        replicas: Replicas {
-            steps: vec![
-                (Duration::ZERO, 2),
-                (Duration::from_secs(9), 8),
-                (Duration::from_secs(14), 3),
+    let mut cases: Vec<Case> = [Spread::Random, Spread::RoundRobin]
+        .into_iter()
+        .map(|spread| Case {
+            name: match spread {
+                Spread::Random => "replica count 2 -> 8 -> 3 during 3x".into(),
+                Spread::RoundRobin => "replica count 2 -> 8 -> 3 during 3x, round robin".into(),
+            },
+            load: vec![(5, 0.8), (15, 3.0), (5, 0.8)],
+            replicas: Replicas {
+                steps: vec![
+                    (Duration::ZERO, 2),
+                    (Duration::from_secs(9), 8),
+                    (Duration::from_secs(14), 3),
+                ],
+                spread,
+            },
+            slow: Vec::new(),
+            phases: vec![
+                ("2 replicas", 7..9, Check::Held),
+                ("8 replicas", 10..14, Check::Held),
+                ("3 replicas", 15..20, Check::Held),
             ],
-            spread: Spread::Random,
-        },
-        slow: Vec::new(),
-        phases: vec![
-            ("2 replicas", 7..9, Check::Held),
-            ("8 replicas", 10..14, Check::Held),
-            ("3 replicas", 15..20, Check::Held),
-        ],
-    }];
-    for replicas in [4, 16] {
+        })
+        .collect();
+    for replicas in [4, 8, 16] {
         for factor in [3.0, 10.0] {
             cases.push(Case {
                 name: format!("{replicas} replicas, {factor}x"),
