@@ -226,19 +226,21 @@ async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load
 
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99
 /// within twice the target in each (at seed 32: 2 replicas 43 ms; 8, six cold ones joined,
-/// 55 ms; 3 after the scale-in 57 ms). Before cold replicas held on latency alone
+/// 50 ms; 3 after the scale-in 56 ms). Before cold replicas held on latency alone
 /// (`shedgate::pressure::COLD_SETPOINT`) the last two were 85 and 155 ms.
 ///
-/// That holds at seeds 32 and 5, not at most others: run with seeds 1–12 (same traffic mix,
-/// arrivals and spread redrawn), 4 of 12 met every range (3, 4, 5, 6); the 8-replica phase's
-/// p99 was 57–110 ms (median 76) and the 3-replica phase's 51–174 ms. Seed 5 met them once
-/// learning at rest waited after the loop was engaged
-/// (`shedgate::pressure::noload::REST_HOLD_TICKS`): its 3-replica phase held 156 ms before,
-/// 51 ms with it. The joining phase is open (README "Sizing"); this test keeps seeds that
-/// pass so that the runs it describes cannot get worse unnoticed.
+/// That holds at 12 of seeds 1–40 (`cargo bench --bench fleet`: traffic mix, arrivals and
+/// spread redrawn), not at most others: the 8-replica phase's p99 median is 66 ms and the
+/// 3-replica phase's 60. Seed 5 met them once learning at rest waited after the loop was
+/// engaged (`shedgate::pressure::noload::REST_HOLD_TICKS`): its 3-replica phase held 156 ms
+/// before, 51 ms with it. Seed 39, the worst of the 40 before, met them once the under-use
+/// test also read the latency at its end (`shedgate::pressure::noload::OVER_TARGET`): 109
+/// and 372 ms before, 56 and 52 ms with it (a replica that had joined verified 16 ms, under
+/// the upstream's 20, from a drained queue). The joining phase is open (README "Sizing");
+/// this test keeps seeds that pass so that the runs it describes cannot get worse unnoticed.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
-    for seed in [32, 5] {
+    for seed in [32, 5, 39] {
         count_change_holds(seed, false).await;
     }
 }

@@ -298,3 +298,33 @@ fn a_run_of_rises_spans_at_most_twice_ramp_ticks_raises() {
     assert_eq!(rises_with_small_ones_between(1, 200), Some(79));
     assert_eq!(rises_with_small_ones_between(2, 200), None);
 }
+
+/// Feeds `ticks` ticks of shedding with the upstream under-used (a fifth of the share in
+/// flight, still offered its peak) at `latency` (seconds, against the 50 ms target).
+fn shed_under_used(n: &mut NoLoad, ticks: u32, latency: f64) {
+    for _ in 0..ticks {
+        let t = TickInput {
+            inflight: 0,
+            utilisation: 0.2,
+            ..learner_tick(latency, true, false)
+        };
+        n.update(t, TICK.as_secs_f64());
+    }
+}
+
+#[test]
+fn an_under_used_second_is_re_measured_only_while_its_latency_is_still_over_the_target() {
+    // A second of shedding with the upstream under-used, its mean latency over 1.15 times
+    // the target (75 ms for 15 ticks, then 20 ms: 61 ms against 57.5), but back under the
+    // target at its end: a queue that drained, not a slower upstream. Nothing is verified
+    // (the 20 ms of that moment used to become the reference).
+    let mut drained = rested();
+    shed_under_used(&mut drained, 15, 0.075);
+    shed_under_used(&mut drained, 5, 0.02);
+    assert_eq!(drained.reference(), None);
+    // The same second with latency still over the threshold at its end is the upstream's own.
+    let mut slow = rested();
+    shed_under_used(&mut slow, 15, 0.075);
+    shed_under_used(&mut slow, 5, 0.06);
+    assert_eq!(slow.reference(), Some(0.06));
+}
