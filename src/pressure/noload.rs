@@ -27,10 +27,10 @@
 //!   the fleet measures together without talking to each other. The latency must be over
 //!   [`OVER_TARGET`] times the target, on average over that second and at its end, or, for a
 //!   replica that has not yet seen its upstream calm, at least [`COLD_AT_TARGET`] times it
-//!   for [`COLD_UNDER_USED_TICKS`]. A replica
-//!   offered less than it saw served (its arrivals fell) is left out for a moment, since a
-//!   replica whose fleet still holds a queue looks the same, but not for ever
-//!   ([`LONG_UNDER_USED_TICKS`]): an upstream left slow after its overload looks so for good.
+//!   for [`COLD_UNDER_USED_TICKS`]. A replica offered less than it saw served (its arrivals
+//!   fell) is left out for a moment, since a replica whose fleet still holds a queue looks
+//!   the same, but not for ever ([`LONG_UNDER_USED_TICKS`]): an upstream left slow after its
+//!   overload looks so for good.
 //!
 //! A third way, the cold probe (`super::probe`), verifies a replica that has not seen its
 //! upstream calm and has settled at the target: it admits a little more, and if latency does

@@ -246,10 +246,10 @@ async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
 }
 
 /// The count change with the upstream reporting its load: cold replicas joining read the
-/// same queue as the rest instead of steering on latency alone. Met at 13 of seeds 1–40
-/// (`cargo bench --bench fleet -- --load-reports`; 8 without), the 3-replica phase's p99
-/// median 47 ms (78 without). At seed 16: 56 and 46 ms in the 8- and 3-replica phases, 125
-/// and 168 ms without.
+/// same queue as the rest instead of steering on latency alone. Met at 17 of seeds 1–40
+/// (`cargo bench --bench fleet -- --load-reports`; 12 without), the 3-replica phase's p99
+/// median 48 ms (60 without). At seed 16: 53 and 47 ms in the 8- and 3-replica phases, 98
+/// and 167 ms without.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_on_the_upstreams_load_report_keeps_the_upstream_full() {
     count_change_holds(16, true).await;

@@ -299,8 +299,8 @@ fn a_run_of_rises_spans_at_most_twice_ramp_ticks_raises() {
     assert_eq!(rises_with_small_ones_between(2, 200), None);
 }
 
-/// Feeds `ticks` ticks of shedding with the upstream under-used (a fifth of the share in
-/// flight, still offered its peak) at `latency` (seconds, against the 50 ms target).
+/// Feeds `ticks` ticks of shedding with the upstream under-used (in-flight at a fifth of
+/// the share over the tick, none at its end, still offered its peak) at `latency` (seconds, against the 50 ms target).
 fn shed_under_used(n: &mut NoLoad, ticks: u32, latency: f64) {
     for _ in 0..ticks {
         let t = TickInput {
