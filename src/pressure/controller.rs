@@ -323,18 +323,10 @@ impl Controller {
             (latency.count > 0).then(|| latency.sum_us as f64 / latency.count as f64 / 1e6);
         let last_sample = *self.last_sample.get_or_insert(now);
         if let Some(mean) = tick_mean {
-            // After a silence (or at the first sample) the decayed estimate says nothing
-            // about the upstream: start again from what it answers now.
-            let fresh = self
-                .last_sample_seen
-                .is_none_or(|seen| now.saturating_duration_since(seen) >= LATENCY_TAU);
+            // After a silence (or at the first sample) it starts again from this mean.
+            self.l = super::follow(self.l, mean, alpha(LATENCY_TAU), self.last_sample_seen, now);
             self.last_sample = Some(now);
             self.last_sample_seen = Some(now);
-            if fresh {
-                self.l = mean;
-            } else {
-                self.l += alpha(LATENCY_TAU) * (mean - self.l);
-            }
         } else if self.mean_u > SETPOINT {
             let silence = now.saturating_duration_since(last_sample).as_secs_f64();
             self.l = self.l.max(silence);

@@ -47,6 +47,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::time::Instant;
 
 pub use constants::{
     CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FULL_CONFIDENCE_RATE,
@@ -103,4 +104,17 @@ pub struct ControllerConfig {
     pub max_inflight: Option<NonZeroU32>,
     /// The upstream latency (to response headers) considered "at target".
     pub latency_target: Duration,
+}
+
+/// A tick's `mean` folded into the estimate `value` smoothed over [`LATENCY_TAU`] (`alpha`:
+/// that smoothing's step over the tick), or `mean` itself when the last arrival (`last`;
+/// `None`: none yet) was [`LATENCY_TAU`] or more before `now`: after a silence the decayed
+/// estimate says nothing of the upstream, so it starts again from what it answers now. The
+/// controller's latency and the upstream's load report ([`report`]) both follow this rule.
+fn follow(value: f64, mean: f64, alpha: f64, last: Option<Instant>, now: Instant) -> f64 {
+    if last.is_none_or(|seen| now.saturating_duration_since(seen) >= LATENCY_TAU) {
+        mean
+    } else {
+        value + alpha * (mean - value)
+    }
 }

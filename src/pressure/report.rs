@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::constants::LATENCY_TAU;
-
 /// How long a load report counts after the last one arrived: a second, then the controller
 /// steers on its own readings again (an upstream that stopped reporting, or a replica with
 /// no traffic).
@@ -30,9 +28,9 @@ pub struct ReportWindow {
     pub sum_millionths: u64,
 }
 
-/// The reported utilisation, smoothed over [`LATENCY_TAU`] like the latency it stands
-/// beside: in-flight over the upstream's concurrency, 1.0 with every worker busy and no
-/// queue, 1.25 with a queue a quarter of the workers deep.
+/// The reported utilisation, smoothed over [`LATENCY_TAU`](super::LATENCY_TAU) like the
+/// latency it stands beside: in-flight over the upstream's concurrency, 1.0 with every
+/// worker busy and no queue, 1.25 with a queue a quarter of the workers deep.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct LoadReport {
     value: f64,
@@ -42,20 +40,15 @@ pub(super) struct LoadReport {
 }
 
 impl LoadReport {
-    /// Folds in a tick's reports (`alpha` is the smoothing step of [`LATENCY_TAU`] over the
-    /// tick); the smoothed utilisation while a report arrived within [`REPORT_STALE`].
+    /// Folds in a tick's reports (`alpha` is the smoothing step of
+    /// [`LATENCY_TAU`](super::LATENCY_TAU) over the tick; after a silence it starts again
+    /// from the tick's mean, `super::follow`); the smoothed utilisation while a report
+    /// arrived within [`REPORT_STALE`].
     #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
     pub(super) fn update(&mut self, now: Instant, window: ReportWindow, alpha: f64) -> Option<f64> {
         if window.count > 0 {
             let mean = window.sum_millionths as f64 / window.count as f64 / 1e6;
-            let fresh = self
-                .seen
-                .is_none_or(|seen| now.saturating_duration_since(seen) >= LATENCY_TAU);
-            self.value = if fresh {
-                mean
-            } else {
-                self.value + alpha * (mean - self.value)
-            };
+            self.value = super::follow(self.value, mean, alpha, self.seen, now);
             self.seen = Some(now);
         }
         self.current = self

@@ -300,7 +300,8 @@ fn a_run_of_rises_spans_at_most_twice_ramp_ticks_raises() {
 }
 
 /// Feeds `ticks` ticks of shedding with the upstream under-used (in-flight at a fifth of
-/// the share over the tick, none at its end, still offered its peak) at `latency` (seconds, against the 50 ms target).
+/// the share over the tick, none at its end, still offered its peak) at `latency` (seconds,
+/// against the 50 ms target).
 fn shed_under_used(n: &mut NoLoad, ticks: u32, latency: f64) {
     for _ in 0..ticks {
         let t = TickInput {
