@@ -257,6 +257,21 @@ async fn the_replica_count_changing_on_the_upstreams_load_report_keeps_the_upstr
 
 /// The replica count going 2 -> 8 -> 3 during 3x at `seed`, held in every phase.
 async fn count_change_holds(seed: u64, load_reports: bool) {
+    let (s, cap, text) = count_change(seed, load_reports).await;
+    assert_invariants(&s, &text);
+    for (name, window) in [
+        ("2 replicas, 3x", 7..9),
+        ("8 replicas, 3x", 10..14),
+        ("3 replicas, 3x", 15..20),
+    ] {
+        assert_held(&figures(name, &s, window, cap), TARGET_MS, &text);
+    }
+    assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+}
+
+/// Runs the replica count going 2 -> 8 -> 3 during 3x at `seed`: its seconds, the upstream's
+/// capacity and the run's summary for a failure message.
+async fn count_change(seed: u64, load_reports: bool) -> (Vec<Second>, f64, String) {
     // Scaled out from 2 to 8 at 9 s (six cold replicas join the overload), in to 3 at 14 s
     // (five finish what they hold and take nothing more); arrivals spread at random, as
     // kube-proxy's iptables mode does.
@@ -280,15 +295,7 @@ async fn count_change_holds(seed: u64, load_reports: bool) {
         "seed {seed}, load reports {load_reports}\n{}",
         summary(&s, cap)
     );
-    assert_invariants(&s, &text);
-    for (name, window) in [
-        ("2 replicas, 3x", 7..9),
-        ("8 replicas, 3x", 10..14),
-        ("3 replicas, 3x", 15..20),
-    ] {
-        assert_held(&figures(name, &s, window, cap), TARGET_MS, &text);
-    }
-    assert!(recovery_seconds(&s, 20) <= 3, "{text}");
+    (s, cap, text)
 }
 
 #[tokio::test(start_paused = true)]
