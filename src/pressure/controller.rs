@@ -180,7 +180,8 @@ impl Output {
 ///          UNWIND_GAIN when e < 0)
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
 ///          — from rest only when in-flight is past the proportional part's rest reference
-///          (4.25 shares) or the cap's (1.25 caps: the cap term sheds), a reported
+///          (4.25 shares; its margin returns over REST_HOLD_TICKS after the loop last shed,
+///          NoLoad::rest_margin_back) or the cap's (1.25 caps: the cap term sheds), a reported
 ///          utilisation over SETPOINT, in-flight has grown
 ///          for longer than a step would explain (a queue filling), or the replica has not
 ///          yet seen its upstream calm
@@ -464,7 +465,7 @@ impl Controller {
         } else {
             self.output.effort
         };
-        let rest = SETPOINT + REST_MARGIN;
+        let rest = SETPOINT + REST_MARGIN * self.noload.rest_margin_back();
         // The gate reads the raw share (not floored at MIN_SHARE): with many replicas a
         // replica's share is a fraction of a request, and a runaway queue is still a
         // multiple of it.

@@ -102,6 +102,11 @@ impl Default for Ramp {
 }
 
 impl Ramp {
+    /// Whether a take-back is being tested, or was and the overload has not yet passed.
+    pub(super) fn testing(&self) -> bool {
+        self.taken_back || self.test.is_some()
+    }
+
     /// A tick without answers.
     pub(super) fn silent(&mut self) {
         self.silent = self.silent.saturating_add(1);

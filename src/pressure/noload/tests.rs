@@ -329,3 +329,25 @@ fn an_under_used_second_is_re_measured_only_while_its_latency_is_still_over_the_
     shed_under_used(&mut slow, 5, 0.06);
     assert_eq!(slow.reference(), Some(0.06));
 }
+
+#[test]
+fn the_rest_margin_returns_over_the_hold_after_an_overloads_effort_but_not_a_tests() {
+    // Never shed: the whole margin.
+    let mut n = rested();
+    assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
+    // Shedding, then at rest: none of it at the last tick with an effort, half a hold
+    // (one second) later half, all of it after the hold.
+    feed(&mut n, 10, 0.045, true, false);
+    assert!(n.rest_margin_back().abs() < 1e-12);
+    feed(&mut n, 20, 0.045, false, false);
+    assert!((n.rest_margin_back() - 0.5).abs() < 1e-12);
+    feed(&mut n, 20, 0.045, false, false);
+    assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
+    // An effort that starts while a take-back is tested is a test, as likely of a slowdown
+    // as of a queue: the margin stays whole, for the whole of that effort.
+    let mut n = taken_back(0.0015);
+    feed(&mut n, 8, 0.06, true, false);
+    assert!(n.sustained_growth());
+    feed(&mut n, 10, 0.1, true, false);
+    assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
+}
