@@ -230,8 +230,11 @@ async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load
 /// (`shedgate::pressure::COLD_SETPOINT`) the last two were 85 and 155 ms.
 ///
 /// That holds at 12 of seeds 1–40 (`cargo bench --bench fleet`: traffic mix, arrivals and
-/// spread redrawn), not at most others: the 8-replica phase's p99 median is 65 ms and the
-/// 3-replica phase's 55. Seed 5 met them once learning at rest waited after the loop was
+/// spread redrawn), not at most others: the 8-replica phase's p99 median is 61 ms and the
+/// 3-replica phase's 53 (goodput under 95% in the first at 7 seeds). Seed 25 met them once
+/// the under-use test counted only ticks with answers
+/// (`shedgate::pressure::noload::UNDER_USED_TICKS`): its 8-replica phase held 61 ms before,
+/// 51 ms with it. Seed 5 met them once learning at rest waited after the loop was
 /// engaged (`shedgate::pressure::noload::REST_HOLD_TICKS`): its 3-replica phase held 156 ms
 /// before, 51 ms with it. Seed 39, the worst of the 40 before, met them once the under-use
 /// test also read the latency at its end (`shedgate::pressure::noload::OVER_TARGET`): 109
@@ -240,23 +243,24 @@ async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load
 /// this test keeps seeds that pass so that the runs it describes cannot get worse unnoticed.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
-    for seed in [32, 5, 39] {
+    for seed in [32, 5, 39, 25] {
         count_change_holds(seed, false).await;
     }
 }
 
 /// The count change with the upstream reporting its load: cold replicas joining read the
-/// same queue as the rest instead of steering on latency alone. Met at 17 of seeds 1–40
+/// same queue as the rest instead of steering on latency alone. Met at 22 of seeds 1–40
 /// (`cargo bench --bench fleet -- --load-reports`; 12 without), the 3-replica phase's p99
-/// median 48 ms (55 without). At seed 16: 53 and 47 ms in the 8- and 3-replica phases, 92
-/// and 131 ms without (98 and 167 before `shedgate::pressure::noload::NoLoad::rest_margin_back`).
+/// median 48 ms (53 without). At seed 16: 53 and 47 ms in the 8- and 3-replica phases, 60
+/// and 86 ms without (98 and 167 before `shedgate::pressure::noload::NoLoad::rest_margin_back`
+/// and `shedgate::pressure::noload::UNDER_USED_TICKS`).
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_on_the_upstreams_load_report_keeps_the_upstream_full() {
     count_change_holds(16, true).await;
 }
 
-/// The count change at seed 1, whose 8-replica phase is not held yet (p99 76 ms): after the
-/// scale-in the three replicas left hold the upstream full within twice the target (p99 50
+/// The count change at seed 1, whose 8-replica phase is not held yet (p99 74 ms): after the
+/// scale-in the three replicas left hold the upstream full within twice the target (p99 49
 /// ms). Before the effort's start gate read its rest margin returning over two seconds after
 /// the loop last shed (`shedgate::pressure::noload::NoLoad::rest_margin_back`), 138 ms: a
 /// replica whose effort had unwound in the join's dip stayed at rest, admitting all it was

@@ -351,3 +351,30 @@ fn the_rest_margin_returns_over_the_hold_after_an_overloads_effort_but_not_a_tes
     feed(&mut n, 10, 0.1, true, false);
     assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
 }
+
+#[test]
+fn an_under_used_second_counts_and_is_read_only_at_ticks_with_answers() {
+    // A second of shedding with the upstream under-used and no answers at all: the smoothed
+    // latency only decays from a 200 ms spike (LATENCY_DECAY_TAU), over 1.15 times the 50 ms
+    // target throughout (74 ms after the second). No answer carried it: nothing is verified.
+    let mut n = rested();
+    let mut smoothed = 0.2;
+    for _ in 0..20 {
+        smoothed *= (-TICK.as_secs_f64()).exp();
+        let t = TickInput {
+            inflight: 0,
+            utilisation: 0.2,
+            tick_mean: None,
+            smoothed,
+            ..learner_tick(smoothed, true, false)
+        };
+        n.update(t, TICK.as_secs_f64());
+    }
+    assert_eq!(n.reference(), None);
+    // Answered ticks count (the silent ones did not break the streak either): a second of
+    // them at 70 ms is the upstream's own latency.
+    shed_under_used(&mut n, 19, 0.07);
+    assert_eq!(n.reference(), None);
+    shed_under_used(&mut n, 1, 0.07);
+    assert_eq!(n.reference(), Some(0.07));
+}
