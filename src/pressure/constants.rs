@@ -84,8 +84,8 @@ pub const PROPORTIONAL_GAIN: f64 = 1.0;
 /// three times slower triples in-flight at once (Little's law) before any sample says why, and
 /// must not shed; random arrivals below capacity queue now and then and must not either. The
 /// margin fades linearly as the effort grows to [`ENGAGED_EFFORT`]. The gate that lets the
-/// effort start from rest reads it returning over two seconds after the loop last shed
-/// (`noload::NoLoad::rest_margin_back`).
+/// effort start from rest reads it returning over two seconds after the loop last shed with
+/// an effort that a take-back's test did not start (`noload::NoLoad::rest_margin_back`).
 pub const REST_MARGIN: f64 = 3.0;
 /// Predicted latency, as a share of the target, at and under which the share's proportional
 /// part is shut: a queue that Little's law says a request clears in a quarter of the target

@@ -180,8 +180,9 @@ impl Output {
 ///          UNWIND_GAIN when e < 0)
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
 ///          — from rest only when in-flight is past the proportional part's rest reference
-///          (4.25 shares; its margin returns over REST_HOLD_TICKS after the loop last shed,
-///          NoLoad::rest_margin_back) or the cap's (1.25 caps: the cap term sheds), a reported
+///          (4.25 shares; its margin returns over REST_HOLD_TICKS after the loop last shed
+///          with an effort a take-back's test did not start, NoLoad::rest_margin_back) or
+///          the cap's (1.25 caps: the cap term sheds), a reported
 ///          utilisation over SETPOINT, in-flight has grown
 ///          for longer than a step would explain (a queue filling), or the replica has not
 ///          yet seen its upstream calm

@@ -18,8 +18,8 @@
 //!   [`REST_HOLD_TICKS`] after the loop last shed with an effort it does not rise: a replica
 //!   just back at rest may be one whose fleet still holds a queue.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
-//!   its concurrency share for a whole second: the queue is gone, so the latency it measures
-//!   is the upstream's own. This is Envoy `adaptive_concurrency`'s minRTT window (concurrency
+//!   its concurrency share for a whole second of ticks with answers ([`UNDER_USED_TICKS`]):
+//!   the queue is gone, so the latency it measures is the upstream's own. This is Envoy `adaptive_concurrency`'s minRTT window (concurrency
 //!   pinned low, latency measured) without a window of its own: shedding too much already
 //!   pinned it. Envoy starts its windows on a jittered timer, one host at a time; a replica
 //!   that drained alone would measure the queue its fleet keeps and call it no-load latency.
@@ -222,7 +222,8 @@ pub const OVER_TARGET: f64 = 1.15;
 /// (`tests/proxy/replicas.rs`) held p99 87 ms with 8 replicas, against a 60 ms bound; after
 /// two seconds, 62 ms; after three, 55 ms, as without it. The known case it does not reach: an
 /// upstream exactly at the target keeps more than half its share busy and is never under-used
-/// (README "Sizing").
+/// (README "Sizing"). Counted in ticks with answers, as [`UNDER_USED_TICKS`] is: three seconds
+/// of them, longer in silence.
 pub const COLD_UNDER_USED_TICKS: u32 = 60;
 /// Ticks of [`UNDER_USED`] shedding, at over [`OVER_TARGET`] times the target throughout on
 /// average and at the end, after which the latency is taken as the no-load latency even

@@ -261,8 +261,9 @@ async fn the_replica_count_changing_on_the_upstreams_load_report_keeps_the_upstr
 
 /// The count change at seed 1, whose 8-replica phase is not held yet (p99 74 ms): after the
 /// scale-in the three replicas left hold the upstream full within twice the target (p99 49
-/// ms). Before the effort's start gate read its rest margin returning over two seconds after
-/// the loop last shed (`shedgate::pressure::noload::NoLoad::rest_margin_back`), 138 ms: a
+/// ms). Without the effort's start gate reading its rest margin returning over two seconds
+/// after the loop last shed (`shedgate::pressure::noload::NoLoad::rest_margin_back`), 316 ms
+/// and 84.5% of capacity (138 ms before the under-use test counted only answered ticks): a
 /// replica whose effort had unwound in the join's dip stayed at rest, admitting all it was
 /// offered, as its fleet's queue came back.
 #[tokio::test(start_paused = true)]

@@ -1,7 +1,7 @@
 //! The no-load learner's unit tests: ticks built by hand, fed to [`NoLoad`] alone.
 
 use super::{NoLoad, TickInput};
-use crate::pressure::TICK;
+use crate::pressure::{LATENCY_DECAY_TAU, TICK};
 
 /// One tick for the no-load learner: 2 requests in flight, a share of 2, latency `latency`
 /// (seconds, the tick's mean and the smoothed one alike) against a 50 ms target; `effort`
@@ -330,37 +330,50 @@ fn an_under_used_second_is_re_measured_only_while_its_latency_is_still_over_the_
     assert_eq!(slow.reference(), Some(0.06));
 }
 
+/// Asserts that the learner reads `share` of the rest margin back (0.0–1.0).
+fn assert_margin_back(n: &NoLoad, share: f64) {
+    let back = n.rest_margin_back();
+    assert!(
+        (back - share).abs() < 1e-12,
+        "{back} of the margin back, not {share}"
+    );
+}
+
 #[test]
 fn the_rest_margin_returns_over_the_hold_after_an_overloads_effort_but_not_a_tests() {
     // Never shed: the whole margin.
     let mut n = rested();
-    assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
+    assert_margin_back(&n, 1.0);
     // Shedding, then at rest: none of it at the last tick with an effort, half a hold
     // (one second) later half, all of it after the hold.
     feed(&mut n, 10, 0.045, true, false);
-    assert!(n.rest_margin_back().abs() < 1e-12);
+    assert_margin_back(&n, 0.0);
     feed(&mut n, 20, 0.045, false, false);
-    assert!((n.rest_margin_back() - 0.5).abs() < 1e-12);
+    assert_margin_back(&n, 0.5);
     feed(&mut n, 20, 0.045, false, false);
-    assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
+    assert_margin_back(&n, 1.0);
     // An effort that starts while a take-back is tested is a test, as likely of a slowdown
     // as of a queue: the margin stays whole, for the whole of that effort.
     let mut n = taken_back(0.0015);
     feed(&mut n, 8, 0.06, true, false);
     assert!(n.sustained_growth());
     feed(&mut n, 10, 0.1, true, false);
-    assert!((n.rest_margin_back() - 1.0).abs() < 1e-12);
+    assert_margin_back(&n, 1.0);
+    // Once the overload has passed (two seconds at rest at the target: the take-back is
+    // cleared), the next effort is an overload's again, read afresh at its start.
+    feed(&mut n, 40, 0.02, false, false);
+    assert!(!n.sustained_growth());
+    feed(&mut n, 1, 0.06, true, false);
+    assert_margin_back(&n, 0.0);
 }
 
-#[test]
-fn an_under_used_second_counts_and_is_read_only_at_ticks_with_answers() {
-    // A second of shedding with the upstream under-used and no answers at all: the smoothed
-    // latency only decays from a 200 ms spike (LATENCY_DECAY_TAU), over 1.15 times the 50 ms
-    // target throughout (74 ms after the second). No answer carried it: nothing is verified.
-    let mut n = rested();
-    let mut smoothed = 0.2;
-    for _ in 0..20 {
-        smoothed *= (-TICK.as_secs_f64()).exp();
+/// Feeds `ticks` silent ticks of shedding with the upstream under-used, the smoothed latency
+/// decaying from `from` (seconds) over `LATENCY_DECAY_TAU` as the controller's does without
+/// answers: what it is at the end.
+fn shed_under_used_silent(n: &mut NoLoad, ticks: u32, from: f64) -> f64 {
+    let mut smoothed = from;
+    for _ in 0..ticks {
+        smoothed *= (-TICK.as_secs_f64() / LATENCY_DECAY_TAU.as_secs_f64()).exp();
         let t = TickInput {
             inflight: 0,
             utilisation: 0.2,
@@ -370,10 +383,24 @@ fn an_under_used_second_counts_and_is_read_only_at_ticks_with_answers() {
         };
         n.update(t, TICK.as_secs_f64());
     }
+    smoothed
+}
+
+#[test]
+fn an_under_used_second_counts_and_is_read_only_at_ticks_with_answers() {
+    // A second of shedding with the upstream under-used and no answers at all: the smoothed
+    // latency only decays from a 200 ms spike, over 1.15 times the 50 ms target throughout
+    // (74 ms after the second). No answer carried it: nothing is verified.
+    let mut n = rested();
+    let end = shed_under_used_silent(&mut n, 20, 0.2);
+    assert!(end > 0.0575, "{end}");
     assert_eq!(n.reference(), None);
-    // Answered ticks count (the silent ones did not break the streak either): a second of
-    // them at 70 ms is the upstream's own latency.
-    shed_under_used(&mut n, 19, 0.07);
+    // Answered ticks count, and silent ones between them neither count nor break the
+    // streak: ten answered at 70 ms, five silent, nine answered, and the twentieth answered
+    // tick takes 70 ms as the upstream's own latency.
+    shed_under_used(&mut n, 10, 0.07);
+    shed_under_used_silent(&mut n, 5, 0.07);
+    shed_under_used(&mut n, 9, 0.07);
     assert_eq!(n.reference(), None);
     shed_under_used(&mut n, 1, 0.07);
     assert_eq!(n.reference(), Some(0.07));
