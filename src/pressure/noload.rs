@@ -430,7 +430,8 @@ impl NoLoad {
     /// Folds in one tick; `dt` is the time since the previous one, seconds.
     pub fn update(&mut self, t: TickInput, dt: f64) {
         if t.effort && self.since_effort != 0 {
-            self.tested_effort = self.ramp.testing();
+            // A take-back's test runs only while `taken_back` is set.
+            self.tested_effort = self.ramp.taken_back;
         }
         self.since_overload = if t.effort && !self.tested_effort {
             0

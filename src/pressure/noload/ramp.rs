@@ -102,13 +102,6 @@ impl Default for Ramp {
 }
 
 impl Ramp {
-    /// Whether a rise was taken back and the overload has not yet passed: its test, if it
-    /// runs, runs only then (it is set with `taken_back`, and `taken_back` is cleared only
-    /// with it, or after it ended).
-    pub(super) fn testing(&self) -> bool {
-        self.taken_back
-    }
-
     /// A tick without answers.
     pub(super) fn silent(&mut self) {
         self.silent = self.silent.saturating_add(1);
