@@ -22,7 +22,8 @@
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
 //!   spread at random as kube-proxy's iptables mode does, then again in turn as IPVS round
 //!   robin does), phases 7–9 s, 10–14 s and 15–20 s;
-//! - 4, 8 and 16 replicas at 3x and 10x (round robin), the steady window 7–17 s;
+//! - 4, 8 and 16 replicas at 3x and 10x, arrivals in turn and then at random, the steady
+//!   window 7–17 s;
 //! - one, four and sixteen replicas (round robin) offered 1.02x and 1.05x of the upstream's
 //!   capacity for 35 s, a mild overload, phases 10–15 s and 30–40 s;
 //! - the other side of the same trade-off, one replica: the upstream 1.8 times slower (36 ms
@@ -109,13 +110,22 @@ fn cases() -> Vec<Case> {
         .collect();
     for replicas in [4, 8, 16] {
         for factor in [3.0, 10.0] {
-            cases.push(Case {
-                name: format!("{replicas} replicas, {factor}x"),
-                load: vec![(5, 0.8), (12, factor), (5, 0.5)],
-                replicas: Replicas::fixed(replicas),
-                slow: Vec::new(),
-                phases: vec![("steady", 7..17, Check::Held)],
-            });
+            for spread in [Spread::RoundRobin, Spread::Random] {
+                let how = match spread {
+                    Spread::RoundRobin => "",
+                    Spread::Random => ", spread at random",
+                };
+                cases.push(Case {
+                    name: format!("{replicas} replicas, {factor}x{how}"),
+                    load: vec![(5, 0.8), (12, factor), (5, 0.5)],
+                    replicas: Replicas {
+                        steps: vec![(Duration::ZERO, replicas)],
+                        spread,
+                    },
+                    slow: Vec::new(),
+                    phases: vec![("steady", 7..17, Check::Held)],
+                });
+            }
         }
     }
     let mild = [1, 4, 16].into_iter().flat_map(|n| [(n, 1.02), (n, 1.05)]);
