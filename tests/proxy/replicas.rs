@@ -96,27 +96,81 @@ impl Run {
 /// within sampling noise. With several replicas the pressure at an instant differs from one
 /// replica to the next, so a second's shares mix several points of one monotone curve: the
 /// order holds for the probabilities, and a band of a dozen events can land either way of
-/// its neighbour by chance. The slack is two standard errors of the difference of the two
-/// shares (pooled), so a real inversion still fails.
+/// its neighbour by chance. A second fails when the more important band's share is higher
+/// and chance explains it less than [`INVERSION_LEVEL`] of the time ([`inversion_chance`]).
 fn assert_invariants(seconds: &[Second], text: &str) {
     assert_never_shed_delivered(seconds, text);
     for (i, s) in seconds.iter().enumerate() {
-        let bands: Vec<(f64, f64)> = (0..4)
+        let bands: Vec<(u64, u64)> = (0..4)
             .filter(|&b| s.offered_by_band[b] > 0)
-            .map(|b| (s.shed_by_band[b] as f64, s.offered_by_band[b] as f64))
+            .map(|b| (s.shed_by_band[b], s.offered_by_band[b]))
             .collect();
         for w in bands.windows(2) {
-            let ((k0, n0), (k1, n1)) = (w[0], w[1]);
-            let pooled = (k0 + k1) / (n0 + n1);
-            let se = (pooled * (1.0 - pooled) * (1.0 / n0 + 1.0 / n1)).sqrt();
             assert!(
-                k0 / n0 <= k1 / n1 + 2.0 * se,
+                inversion_chance(w[0], w[1]) >= INVERSION_LEVEL,
                 "second {i}: shed share by band {:?} of {:?}\n{text}",
                 s.shed_by_band,
                 s.offered_by_band
             );
         }
     }
+}
+
+/// The one-sided level of the rank-order check: 2.3%, the tail beyond two standard errors of
+/// a normal distribution, which the check used before it was computed exactly.
+const INVERSION_LEVEL: f64 = 0.023;
+
+/// The chance that, of the `k0 + k1` events shed from two bands of `n0` (more important) and
+/// `n1` events, the first loses `k0` or more when both bands' events are equally likely to be
+/// shed: the upper tail of the hypergeometric distribution (Fisher's exact test, one-sided).
+/// 1 when the first band's share is not higher.
+///
+/// Exact, not the normal approximation of the difference of two shares: with a second that
+/// sheds one event, that approximation called an inversion certain. 16 replicas spread at
+/// random, at 0.8x, seed 31: one replica, holding five requests at a momentary queue, shed
+/// one rank 11–30 event, and none of 300 ranked 31–50 was shed in that second: the
+/// approximation's two standard errors were 0.036 against a share of 0.1, the exact chance
+/// 10 / 310 = 3.2%.
+fn inversion_chance((k0, n0): (u64, u64), (k1, n1): (u64, u64)) -> f64 {
+    if k0 * n1 <= k1 * n0 {
+        return 1.0;
+    }
+    let shed = k0 + k1;
+    let all = n0 + n1;
+    // ln(m!) for m up to `all`.
+    let ln_fact: Vec<f64> = std::iter::once(0.0)
+        .chain((1..=all).scan(0.0, |acc, m| {
+            *acc += (m as f64).ln();
+            Some(*acc)
+        }))
+        .collect();
+    let ln_choose = |n: u64, k: u64| {
+        ln_fact[usize::try_from(n).unwrap()]
+            - ln_fact[usize::try_from(k).unwrap()]
+            - ln_fact[usize::try_from(n - k).unwrap()]
+    };
+    (k0..=shed.min(n0))
+        .filter(|&x| shed - x <= n1)
+        .map(|x| (ln_choose(n0, x) + ln_choose(n1, shed - x) - ln_choose(all, shed)).exp())
+        .sum()
+}
+
+/// The rank-order check fails a real inversion and passes chance.
+#[test]
+fn the_rank_order_check_fails_an_inversion_and_passes_chance() {
+    // The second that the normal approximation failed: 3.2%.
+    assert!((inversion_chance((1, 10), (0, 300)) - 10.0 / 310.0).abs() < 1e-12);
+    // Both of two sheds in a band of 10 of 310: 0.09%, an inversion.
+    assert!(inversion_chance((2, 10), (0, 300)) < INVERSION_LEVEL);
+    // A quarter of 20 against none of 300.
+    assert!(inversion_chance((5, 20), (0, 300)) < 1e-6);
+    // The same share, or a lower one: no inversion.
+    assert!((inversion_chance((3, 30), (30, 300)) - 1.0).abs() < f64::EPSILON);
+    assert!((inversion_chance((0, 30), (3, 300)) - 1.0).abs() < f64::EPSILON);
+    // Slightly higher on large counts: chance.
+    assert!(inversion_chance((32, 300), (30, 300)) > INVERSION_LEVEL);
+    // Far higher on large counts: an inversion.
+    assert!(inversion_chance((60, 300), (30, 300)) < INVERSION_LEVEL);
 }
 
 /// Goodput at least 95% of capacity and admitted p99 at most twice the target: the issue's
@@ -148,7 +202,8 @@ async fn fleet_holds_capped(replicas: usize, cap: Option<u32>, factor: f64, p99_
     fleet_holds_at(31, false, replicas, cap, factor, p99_targets).await;
 }
 
-/// [`fleet_holds_capped`] at `seed`, the upstream reporting its load if `load_reports`.
+/// [`fleet_holds_capped`] at `seed`, the upstream reporting its load if `load_reports`,
+/// arrivals in turn.
 async fn fleet_holds_at(
     seed: u64,
     load_reports: bool,
@@ -157,21 +212,35 @@ async fn fleet_holds_at(
     factor: f64,
     p99_targets: f64,
 ) {
+    let replicas = Replicas::fixed(replicas);
+    fleet_holds_spread(seed, load_reports, replicas, cap, factor, p99_targets).await;
+}
+
+/// [`fleet_holds_at`] through `replicas`, in turn or at random.
+async fn fleet_holds_spread(
+    seed: u64,
+    load_reports: bool,
+    replicas: Replicas,
+    cap: Option<u32>,
+    factor: f64,
+    p99_targets: f64,
+) {
     let policy = policy();
     let events = geographic_events(&policy, MIX, 20_000, seed);
-    let mut run = Run::new(
-        &[(5, 0.8), (12, factor), (5, 0.5)],
-        Replicas::fixed(replicas),
-        seed,
-    );
+    let mut run = Run::new(&[(5, 0.8), (12, factor), (5, 0.5)], replicas.clone(), seed);
     run.cap = cap;
     run.load_reports = load_reports;
     let (s, capacity) = run.go(&policy, &events).await;
     let text = summary(&s, capacity);
     let reports = if load_reports { ", load reports" } else { "" };
+    let spread = match replicas.spread {
+        Spread::RoundRobin => "",
+        Spread::Random => ", spread at random",
+    };
+    let n = replicas.steps[0].1;
     let name = match cap {
-        Some(c) => format!("{replicas} replicas capped at {c}, {factor}x{reports}"),
-        None => format!("{replicas} replicas, {factor}x{reports}"),
+        Some(c) => format!("{n} replicas capped at {c}, {factor}x{reports}{spread}"),
+        None => format!("{n} replicas, {factor}x{reports}{spread}"),
     };
     assert_invariants(&s, &text);
     let f = figures(&name, &s, 7..17, capacity);
@@ -222,6 +291,35 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load_report() {
     fleet_holds_at(21, true, 16, None, 10.0, 2.0).await;
+}
+
+/// Arrivals spread over the replicas at random (per request, as kube-proxy's iptables mode
+/// picks a backend) instead of in turn: each replica's own arrivals are then a Poisson
+/// stream, so its in-flight reading, a fraction of a request at 16 replicas, is noisier and
+/// latency settles higher. At seed 31, 16 replicas at 3x held 67 ms (55 ms in turn): the
+/// issue's twice the target is not met yet without the upstream's load report, so this holds
+/// 2.5 times (`cargo bench --bench fleet`: met at none of seeds 1–40, p99 median 70 ms;
+/// 8 replicas at 32, 4 at 35).
+#[tokio::test(start_paused = true)]
+async fn sixteen_replicas_spread_at_random_hold_3x_within_two_and_a_half_targets() {
+    let replicas = Replicas {
+        steps: vec![(Duration::ZERO, 16)],
+        spread: Spread::Random,
+    };
+    fleet_holds_spread(31, false, replicas, None, 3.0, 2.5).await;
+}
+
+/// With the upstream's load report, the same reading for every replica whatever its own
+/// arrivals, 16 replicas spread at random hold 3x within twice the target: at seed 31, 55 ms
+/// (67 without); at 39 of seeds 1–40 (`cargo bench --bench fleet -- --load-reports`, p99
+/// median 53 ms; 8 replicas at 40, 4 at 40).
+#[tokio::test(start_paused = true)]
+async fn sixteen_replicas_spread_at_random_hold_3x_within_twice_the_target_on_the_load_report() {
+    let replicas = Replicas {
+        steps: vec![(Duration::ZERO, 16)],
+        spread: Spread::Random,
+    };
+    fleet_holds_spread(31, true, replicas, None, 3.0, 2.0).await;
 }
 
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99
