@@ -14,6 +14,9 @@
 //! and is offered 0.85x of that (the case where a fixed concurrency number shed 12%).
 //! `-- --load-reports` (with `--replicas`): the upstream states its utilisation with every
 //! answer (ORCA) and each proxy reads it (`--load-report application_utilization`).
+//! `-- --random` (with `--replicas`): requests spread over the replicas at random, each on its
+//! own, instead of in turn (kube-proxy's iptables mode picks a backend at random per
+//! connection; many short connections make that per request).
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
@@ -33,7 +36,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use shedgate::clock::Sources;
 use shedgate::config::{Config, ServeArgs};
-use shedgate::demo::sim::{ServiceTime, Simulator};
+use shedgate::demo::sim::{ServiceTime, Simulator, Spread};
 use shedgate::edge::rejection::Body;
 use shedgate::upstream::{HostHeader, Proxy};
 use tokio::net::TcpListener;
@@ -94,9 +97,10 @@ fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
 }
 
 /// Open-loop Poisson load: `phases` of (seconds, multiple of capacity), spread over `urls` in
-/// turn (a round-robin balancer in front of several replicas).
+/// turn (a round-robin balancer in front of several replicas) or at random, per request.
 async fn load(
     urls: &[String],
+    spread: Spread,
     capacity: f64,
     phases: &[(u64, f64)],
     evs: &[Ev],
@@ -126,8 +130,14 @@ async fn load(
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
             let body = shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now());
-            turn = turn.wrapping_add(1);
-            let req = Request::post(&urls[turn % urls.len()])
+            let url = match spread {
+                Spread::RoundRobin => {
+                    turn = turn.wrapping_add(1);
+                    &urls[turn % urls.len()]
+                }
+                Spread::Random => &urls[rng.usize(..urls.len())],
+            };
+            let req = Request::post(url)
                 .header("x-stream", ev.stream)
                 .header("content-type", "application/json")
                 .body(Full::new(body))
@@ -345,14 +355,25 @@ fn recovery(secs: &[Sec]) -> String {
 /// upstream, at 3x and 10x. `--grown`: the upstream has three times the workers and is
 /// offered 0.85x of that, the case where a fixed concurrency number shed traffic the upstream
 /// had room for.
-async fn replicas(n: usize, grown: bool, load_reports: bool, policies: &Path, evs: &[Ev]) {
+async fn replicas(
+    n: usize,
+    spread: Spread,
+    grown: bool,
+    load_reports: bool,
+    policies: &Path,
+    evs: &[Ev],
+) {
     let workers = if grown { 3 * WORKERS } else { WORKERS };
     let factors: &[f64] = if grown { &[0.85] } else { &[3.0, 10.0] };
     println!(
-        "upstream: {workers} workers x {} ms = {:.0} req/s; latency target {} ms; {n} replica(s), round robin, no --max-inflight{}",
+        "upstream: {workers} workers x {} ms = {:.0} req/s; latency target {} ms; {n} replica(s), {}, no --max-inflight{}",
         SERVICE.as_millis(),
         f64::from(workers) / SERVICE.as_secs_f64(),
         TARGET.as_millis(),
+        match spread {
+            Spread::RoundRobin => "round robin",
+            Spread::Random => "spread at random per request",
+        },
         if load_reports {
             "; load reports read (--load-report application_utilization)"
         } else {
@@ -393,6 +414,7 @@ async fn replicas(n: usize, grown: bool, load_reports: bool, policies: &Path, ev
             .collect();
         let secs = load(
             &urls,
+            spread,
             capacity,
             &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)],
             evs,
@@ -441,6 +463,11 @@ fn main() {
         });
     let grown = args.iter().any(|a| a == "--grown");
     let load_reports = args.iter().any(|a| a == "--load-reports");
+    let spread = if args.iter().any(|a| a == "--random") {
+        Spread::Random
+    } else {
+        Spread::RoundRobin
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -451,7 +478,7 @@ fn main() {
             let policies = root.join("policies");
             let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
             let n = replicas_arg.unwrap_or(1).max(1);
-            replicas(n, grown, load_reports, &policies, &events(&policy)).await;
+            replicas(n, spread, grown, load_reports, &policies, &events(&policy)).await;
             return;
         }
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -521,7 +548,7 @@ fn main() {
                     })
                 });
                 let url = vec![format!("http://{addr}/ingest")];
-                let secs = load(&url, capacity, &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)], &evs, 3).await;
+                let secs = load(&url, Spread::RoundRobin, capacity, &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)], &evs, 3).await;
                 let samples = match sampler {
                     Some(s) => s.await.unwrap(),
                     None => Vec::new(),
