@@ -302,11 +302,7 @@ async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load
 /// 8 replicas at 32, 4 at 35).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_spread_at_random_hold_3x_within_two_and_a_half_targets() {
-    let replicas = Replicas {
-        steps: vec![(Duration::ZERO, 16)],
-        spread: Spread::Random,
-    };
-    fleet_holds_spread(31, false, replicas, None, 3.0, 2.5).await;
+    fleet_holds_spread(31, false, at_random(16), None, 3.0, 2.5).await;
 }
 
 /// With the upstream's load report, the same reading for every replica whatever its own
@@ -315,11 +311,15 @@ async fn sixteen_replicas_spread_at_random_hold_3x_within_two_and_a_half_targets
 /// median 53 ms; 8 replicas at 40, 4 at 40).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_spread_at_random_hold_3x_within_twice_the_target_on_the_load_report() {
-    let replicas = Replicas {
-        steps: vec![(Duration::ZERO, 16)],
+    fleet_holds_spread(31, true, at_random(16), None, 3.0, 2.0).await;
+}
+
+/// `n` replicas throughout, each request to one drawn at random.
+fn at_random(n: usize) -> Replicas {
+    Replicas {
+        steps: vec![(Duration::ZERO, n)],
         spread: Spread::Random,
-    };
-    fleet_holds_spread(31, true, replicas, None, 3.0, 2.0).await;
+    }
 }
 
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99
