@@ -19,9 +19,9 @@
 //!   just back at rest may be one whose fleet still holds a queue.
 //! - **Under load**, when the loop sheds while this replica holds less than [`UNDER_USED`] of
 //!   its concurrency share for a whole second of ticks with answers ([`UNDER_USED_TICKS`]):
-//!   the queue is gone, so the latency it measures is the upstream's own. This is Envoy `adaptive_concurrency`'s minRTT window (concurrency
-//!   pinned low, latency measured) without a window of its own: shedding too much already
-//!   pinned it. Envoy starts its windows on a jittered timer, one host at a time; a replica
+//!   the queue is gone, so the latency it measures is the upstream's own. This is Envoy
+//!   `adaptive_concurrency`'s minRTT window (concurrency pinned low, latency measured) without
+//!   a window of its own: shedding too much already pinned it. Envoy starts its windows on a jittered timer, one host at a time; a replica
 //!   that drained alone would measure the queue its fleet keeps and call it no-load latency.
 //!   An over-shedding loop is over-shedding on every replica (they read the same latency), so
 //!   the fleet measures together without talking to each other. The latency must be over
@@ -175,7 +175,8 @@ pub const REST_HOLD_TICKS: u32 = 40;
 pub const UNDER_USED: f64 = 0.5;
 /// Ticks of [`UNDER_USED`] shedding before the latency is taken as the no-load latency: a
 /// second, far longer than the tick-to-tick noise of one replica's in-flight count. Counted
-/// in ticks with answers (silent ones neither count nor break the streak), and the latency is
+/// in ticks with answers (a silent one does not count, nor break the streak while the replica
+/// still sheds under-used; one that no longer does breaks it), and the latency is
 /// taken only at a tick with answers; so are [`COLD_UNDER_USED_TICKS`]. A replica that sheds
 /// nearly all it is offered goes silent for ticks, and its smoothed latency then only decays
 /// from its last answers (`LATENCY_DECAY_TAU`): a number no answer carried. In the
@@ -456,7 +457,8 @@ impl NoLoad {
         let shedding = engaged && t.share > 0.0;
         let under_used = shedding && t.utilisation < UNDER_USED;
         // The one-second streak (and its cold form) counts only ticks with answers, and
-        // verifies only at one (UNDER_USED_TICKS); the ten-second one counts every tick.
+        // verifies only at one (UNDER_USED_TICKS); a silent tick still breaks it when the
+        // replica no longer sheds under-used. The ten-second one counts every tick.
         let silent = t.tick_mean.is_none();
         let still_under_used = under_used && t.still_offered;
         if !(silent && still_under_used) {
