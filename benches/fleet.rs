@@ -118,10 +118,7 @@ fn cases() -> Vec<Case> {
                 cases.push(Case {
                     name: format!("{replicas} replicas, {factor}x{how}"),
                     load: vec![(5, 0.8), (12, factor), (5, 0.5)],
-                    replicas: Replicas {
-                        steps: vec![(Duration::ZERO, replicas)],
-                        spread,
-                    },
+                    replicas: Replicas::steady(replicas, spread),
                     slow: Vec::new(),
                     phases: vec![("steady", 7..17, Check::Held)],
                 });

@@ -201,25 +201,13 @@ async fn fleet_holds(replicas: usize, factor: f64, p99_targets: f64) {
 
 /// [`fleet_holds`], each replica run with `--max-inflight cap` if given.
 async fn fleet_holds_capped(replicas: usize, cap: Option<u32>, factor: f64, p99_targets: f64) {
+    let replicas = Replicas::fixed(replicas);
     fleet_holds_at(31, false, replicas, cap, factor, p99_targets).await;
 }
 
-/// [`fleet_holds_capped`] at `seed`, the upstream reporting its load if `load_reports`,
-/// arrivals in turn.
+/// [`fleet_holds_capped`] at `seed` through `replicas` (in turn or at random), the upstream
+/// reporting its load if `load_reports`.
 async fn fleet_holds_at(
-    seed: u64,
-    load_reports: bool,
-    replicas: usize,
-    cap: Option<u32>,
-    factor: f64,
-    p99_targets: f64,
-) {
-    let replicas = Replicas::fixed(replicas);
-    fleet_holds_spread(seed, load_reports, replicas, cap, factor, p99_targets).await;
-}
-
-/// [`fleet_holds_at`] through `replicas`, in turn or at random.
-async fn fleet_holds_spread(
     seed: u64,
     load_reports: bool,
     replicas: Replicas,
@@ -292,7 +280,7 @@ async fn sixteen_replicas_hold_10x_full_within_two_and_a_half_targets() {
 /// At seed 21, 55 ms with it, 68 without.
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load_report() {
-    fleet_holds_at(21, true, 16, None, 10.0, 2.0).await;
+    fleet_holds_at(21, true, Replicas::fixed(16), None, 10.0, 2.0).await;
 }
 
 /// Arrivals spread over the replicas at random (per request, as kube-proxy's iptables mode
@@ -304,7 +292,8 @@ async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load
 /// 8 replicas at 32, 4 at 35).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_spread_at_random_hold_3x_within_two_and_a_half_targets() {
-    fleet_holds_spread(31, false, at_random(16), None, 3.0, 2.5).await;
+    let replicas = Replicas::steady(16, Spread::Random);
+    fleet_holds_at(31, false, replicas, None, 3.0, 2.5).await;
 }
 
 /// With the upstream's load report, the same reading for every replica whatever its own
@@ -313,15 +302,8 @@ async fn sixteen_replicas_spread_at_random_hold_3x_within_two_and_a_half_targets
 /// median 53 ms; 8 replicas at 40, 4 at 40).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_spread_at_random_hold_3x_within_twice_the_target_on_the_load_report() {
-    fleet_holds_spread(31, true, at_random(16), None, 3.0, 2.0).await;
-}
-
-/// `n` replicas throughout, each request to one drawn at random.
-fn at_random(n: usize) -> Replicas {
-    Replicas {
-        steps: vec![(Duration::ZERO, n)],
-        spread: Spread::Random,
-    }
+    let replicas = Replicas::steady(16, Spread::Random);
+    fleet_holds_at(31, true, replicas, None, 3.0, 2.0).await;
 }
 
 /// The replica count going 2 -> 8 -> 3 during 3x: the upstream held full in every phase, p99

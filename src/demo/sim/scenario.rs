@@ -99,9 +99,14 @@ impl Replicas {
 
     /// `n` replicas (at least 1) throughout, round robin.
     pub fn fixed(n: usize) -> Self {
+        Replicas::steady(n, Spread::RoundRobin)
+    }
+
+    /// `n` replicas (at least 1) throughout, arrivals spread over them by `spread`.
+    pub fn steady(n: usize, spread: Spread) -> Self {
         Replicas {
             steps: vec![(Duration::ZERO, n.max(1))],
-            spread: Spread::RoundRobin,
+            spread,
         }
     }
 
