@@ -144,3 +144,36 @@ pub const MAX_EFFORT: f64 = 6.0;
 pub const ERROR_CLAMP: f64 = 2.0;
 /// How often [`PressureGauge::tick`](super::PressureGauge::tick) should run.
 pub const TICK: Duration = Duration::from_millis(50);
+/// Held share of the upstream (requests: the completion rate it held before shedding began
+/// times its no-load latency) under which a replica's own in-flight reading is mostly noise
+/// and its queue term reads the smoothed latency over the no-load latency instead (the same
+/// for every replica), holding latency at [`FEW_LATENCY_SETPOINT`] with the integral's gain
+/// on [`super::schedule`]. 16 replicas in front of 8 workers hold about 0.5 each, 8 about
+/// 1.0, 4 about 2: in the fleet bench (seeds 1-40) 16 replicas at 10x went from meeting the
+/// ranges at none to 27, and at 3x spread at random from none to 36 (docs/pressure.md
+/// "Differs" has the trials and the price); a gate at 0.9 flickered at 16 replicas (16 x 3x
+/// at random met 7). The share held since the shedding began, which
+/// the replica's own shedding does not lower, so a lone replica shedding at low load keeps
+/// its own reading.
+pub const FEW_SHARE: f64 = 1.5;
+/// Mean latency, as a share of the target, at which the integral holds an overloaded
+/// upstream from replicas of [`FEW_SHARE`]: the target itself, above [`LATENCY_SETPOINT`].
+/// Such replicas admit without reading the upstream's queue request by request, so the
+/// upstream needs a longer queue to stay busy: at 0.9, 16 replicas at 10x held p99 53 ms
+/// median but goodput fell to 92.6% at a seed (met 12 of 40); at 1.0, 59 ms and 95.5%.
+pub const FEW_LATENCY_SETPOINT: f64 = 1.0;
+/// Sign changes of the integral's error that halve its gain where the share is under
+/// [`FEW_SHARE`] ([`super::schedule`]). Tried with the latency reading on every replica and
+/// the setpoint at 0.9 (16 x 10x, seeds 1-40): 10, 3 and 1 met at 11, 12 and 7 seeds (none
+/// at a constant gain, 6 at random spread); 3 with 1 at 10x at random, 18 and 25.
+pub const SCHEDULE_FLIPS: f64 = 3.0;
+/// Most sign changes [`super::schedule`] counts: the gain falls to half at least, so an
+/// effort built in a 10x overload unwinds within the 3 s the scenario tests allow once it
+/// ends (unbounded, 16 replicas took 4–6 s at seed 31; at 6, a third, 16 replicas at 10x
+/// spread at random took 4 s there, though 16 x 10x met the ranges at 32 of seeds 1-40
+/// against 27 at 3).
+pub const SCHEDULE_MAX_FLIPS: f64 = 3.0;
+/// Ticks with answers of one sign that halve the sign changes counted (a load that moved):
+/// one second. Shorter (6 or 10 ticks, forgetting every change) the gain came back on noise
+/// too: 16 x 10x met at 24 and 28 seeds.
+pub const SCHEDULE_RUN: u32 = 20;

@@ -9,14 +9,15 @@ use tokio::time::Instant;
 
 use super::ControllerConfig;
 use super::constants::{
-    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FULL_CONFIDENCE_RATE,
-    GATE_OPEN, GATE_SHUT, INTEGRAL_GAIN, LATENCY_DECAY_TAU, LATENCY_SETPOINT, LATENCY_TAU,
-    MAX_EFFORT, MIN_RATE_SPAN, MIN_SHARE, PEAK_TAU, PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN,
-    SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
+    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FEW_LATENCY_SETPOINT,
+    FEW_SHARE, FULL_CONFIDENCE_RATE, GATE_OPEN, GATE_SHUT, INTEGRAL_GAIN, LATENCY_DECAY_TAU,
+    LATENCY_SETPOINT, LATENCY_TAU, MAX_EFFORT, MIN_RATE_SPAN, MIN_SHARE, PEAK_TAU,
+    PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
 };
 use super::noload::{NoLoad, TickInput};
 use super::probe::{self, Action, ColdProbe, ProbeInput};
 use super::report::{LoadReport, ReportWindow};
+use super::schedule::GainSchedule;
 
 /// Latency samples gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -225,6 +226,8 @@ pub struct Controller {
     seen_calm: bool,
     probe: ColdProbe,
     report: LoadReport,
+    /// The integral's gain schedule while the held share is under [`FEW_SHARE`].
+    schedule: GainSchedule,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -290,6 +293,7 @@ impl Controller {
             seen_calm: false,
             probe: ColdProbe::default(),
             report: LoadReport::default(),
+            schedule: GainSchedule::default(),
         }
     }
 
@@ -402,7 +406,19 @@ impl Controller {
         // (Little's law), with no margin: 0 as soon as nothing is in flight, unbounded when
         // nothing completes. A new replica learns its no-load latency from queued answers,
         // so this reads 1 where its fleet holds a queue, and more as the queue grows.
+        // Few: a share of the upstream so small that this replica's own in-flight count is
+        // mostly noise (FEW_SHARE); the queue reading is then latency over L0, the same for
+        // every replica, unless the upstream reports its own.
+        let few = reported.is_none()
+            && self.noload.value().is_some_and(|l0| {
+                let held = self.held_peak * l0;
+                held > 0.0 && held < FEW_SHARE
+            });
+        let smoothed = self.l;
         let unverified = self.noload.value().map(|l0| {
+            if few {
+                return smoothed / l0.max(1e-6);
+            }
             let holds = self.rate * l0;
             if holds > 0.0 {
                 mean_inflight / holds
@@ -443,7 +459,12 @@ impl Controller {
             self.noload.verify(ratio * target);
         }
         let reference = self.noload.reference();
-        let over = lc - LATENCY_SETPOINT;
+        let over = lc
+            - if few {
+                FEW_LATENCY_SETPOINT
+            } else {
+                LATENCY_SETPOINT
+            };
         let error = match (reported, reference, unverified) {
             // The upstream states its queue: the same reading for every replica, cold or not,
             // held at the setpoint's standing queue.
@@ -489,7 +510,12 @@ impl Controller {
             } else {
                 INTEGRAL_GAIN
             };
-            (effort + gain * error * step).clamp(0.0, MAX_EFFORT)
+            let schedule = if few {
+                self.schedule.update(error, tick_mean.is_some())
+            } else {
+                1.0
+            };
+            (effort + schedule * gain * error * step).clamp(0.0, MAX_EFFORT)
         } else {
             effort
         };
