@@ -5,14 +5,13 @@
 //! at a constant gain, as random walks (docs/pressure.md "Differs", the decentralized
 //! integral control trade-off). Stochastic approximation's answer is a gain that falls while
 //! the error is noise: Kesten (1958, "Accelerated stochastic approximation", Annals of
-//! Mathematical Statistics 29(1)) lowers the step each time the error changes sign, since
+//! Mathematical Statistics 29(1), 41–59) lowers the step each time the error changes sign, since
 //! sign changes are what noise around the root makes and a real change does not. Here the
 //! gain is `1 / (1 + flips / SCHEDULE_FLIPS)`, `flips` counting sign changes at ticks with
-//! answers, at most [`SCHEDULE_MAX_FLIPS`](super::constants::SCHEDULE_MAX_FLIPS) (so the gain
-//! stays at half or more, and an effort built in a 10x overload still unwinds within the 3 s
-//! the scenario tests allow once it ends); a run of
-//! [`SCHEDULE_RUN`](super::constants::SCHEDULE_RUN) such ticks of one sign (a load that
-//! moved) halves `flips`.
+//! answers, at most [`SCHEDULE_MAX_FLIPS`] (so the gain stays at half or more, and an effort
+//! built in a 10x overload still unwinds within the 3 s the scenario tests allow once it
+//! ends); a run of [`SCHEDULE_RUN`] such ticks of one sign (a load that moved) halves
+//! `flips`.
 
 use super::constants::{SCHEDULE_FLIPS, SCHEDULE_MAX_FLIPS, SCHEDULE_RUN};
 
