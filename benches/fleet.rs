@@ -260,6 +260,17 @@ fn seeds() -> Vec<u64> {
 }
 
 /// The median of `v` (the upper one of an even count); `v` is not empty.
+/// Each seed's `ms` of phase `i`, milliseconds; nothing completed within the timeout (no
+/// percentile) counts as the worst, `inf`.
+fn latencies(runs: &[Vec<Figures>], i: usize, ms: impl Fn(&Figures) -> f64) -> Vec<f64> {
+    runs.iter()
+        .map(|r| {
+            let p = ms(&r[i]);
+            if p.is_nan() { f64::INFINITY } else { p }
+        })
+        .collect()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -295,14 +306,7 @@ fn main() {
             .count();
         println!("\n{}: met at {met_all} of {} seeds", case.name, seeds.len());
         for (i, (phase, window, check)) in case.phases.iter().enumerate() {
-            // Nothing completed within the timeout: no p99, counted as the worst.
-            let p99: Vec<f64> = runs
-                .iter()
-                .map(|r| {
-                    let p = r[i].p99_ms;
-                    if p.is_nan() { f64::INFINITY } else { p }
-                })
-                .collect();
+            let p99 = latencies(&runs, i, |f| f.p99_ms);
             // Under half the capacity served: a collapse (offered less, a slower upstream's
             // case serves less by design).
             let collapsed = match check {
@@ -314,14 +318,8 @@ fn main() {
             };
             // Where latency settles, not only its tail. In steady overload a median well above
             // the latency setpoint (27 ms) is a loop whose equilibrium sits high; in the
-            // slowdown cases the upstream alone takes longer. Nothing completed: `inf`.
-            let p50: Vec<f64> = runs
-                .iter()
-                .map(|r| {
-                    let p = r[i].p50_ms;
-                    if p.is_nan() { f64::INFINITY } else { p }
-                })
-                .collect();
+            // slowdown cases the upstream alone takes longer.
+            let p50 = latencies(&runs, i, |f| f.p50_ms);
             let goodput: Vec<f64> = runs.iter().map(|r| r[i].goodput * 100.0).collect();
             let shed: Vec<f64> = runs.iter().map(|r| r[i].shed * 100.0).collect();
             // Priority areas (ranks 1-10): what holding the latency cost them.
