@@ -169,6 +169,8 @@ impl Output {
 /// q      = l / L0                                      queue ratio, 1 = no queue
 /// lc     = l / T * min(1, max(slow_rate / full, ū - 1))  confidence-weighted latency ratio
 /// qn     = n̄ / (rate * L0)                             in-flight over what completions hold
+///          few (no report, held_peak * L0 < FEW_SHARE): qn = l / L0, LATENCY_SETPOINT below
+///          reads FEW_LATENCY_SETPOINT, and gain is times super::schedule's multiplier
 /// r      = the upstream's reported utilisation, smoothed over LATENCY_TAU, while one came
 ///          within REPORT_STALE (super::report; none unless `--load-report` is set)
 /// e      = clamp(min(r - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)    reported
@@ -482,6 +484,11 @@ impl Controller {
         // unreachable target); it starts again from engaged, where the proportional part
         // already holds in-flight near the setpoint.
         let relearned = self.noload.take_relearned();
+        // The schedule counts sign changes around one equilibrium: a replica no longer of a
+        // few-request share, or whose reference was learned again, starts it afresh.
+        if !few || relearned {
+            self.schedule.reset();
+        }
         let effort = if relearned {
             self.output.effort.min(ENGAGED_EFFORT)
         } else {

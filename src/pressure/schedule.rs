@@ -10,8 +10,8 @@
 //! gain is `1 / (1 + flips / SCHEDULE_FLIPS)`, `flips` counting sign changes at ticks with
 //! answers, at most [`SCHEDULE_MAX_FLIPS`] (so the gain stays at half or more, and an effort
 //! built in a 10x overload still unwinds within the 3 s the scenario tests allow once it
-//! ends); a run of [`SCHEDULE_RUN`] such ticks of one sign (a load that moved) halves
-//! `flips`.
+//! ends); [`SCHEDULE_RUN`] more ticks of the same sign after the one that changed it (a
+//! load that moved) halve `flips`.
 
 use super::constants::{SCHEDULE_FLIPS, SCHEDULE_MAX_FLIPS, SCHEDULE_RUN};
 
@@ -47,6 +47,11 @@ impl GainSchedule {
         self.multiplier()
     }
 
+    /// Forgets what it counted: full gain again.
+    pub fn reset(&mut self) {
+        *self = GainSchedule::default();
+    }
+
     /// The gain multiplier now: `1 / (1 + flips / SCHEDULE_FLIPS)`.
     pub fn multiplier(&self) -> f64 {
         1.0 / (1.0 + self.flips / SCHEDULE_FLIPS)
@@ -78,5 +83,9 @@ mod tests {
         }
         let halved = 1.0 / (1.0 + SCHEDULE_MAX_FLIPS / 4.0 / SCHEDULE_FLIPS);
         assert!((after - halved).abs() < 1e-12, "{after}");
+        s.reset();
+        assert_eq!(s.multiplier(), 1.0);
+        // After a reset the first error has no sign to change from.
+        assert_eq!(s.update(-0.2, true), 1.0);
     }
 }
