@@ -259,7 +259,6 @@ fn seeds() -> Vec<u64> {
     seeds
 }
 
-/// The median of `v` (the upper one of an even count); `v` is not empty.
 /// Each seed's `ms` of phase `i`, milliseconds; nothing completed within the timeout (no
 /// percentile) counts as the worst, `inf`.
 fn latencies(runs: &[Vec<Figures>], i: usize, ms: impl Fn(&Figures) -> f64) -> Vec<f64> {
@@ -271,6 +270,7 @@ fn latencies(runs: &[Vec<Figures>], i: usize, ms: impl Fn(&Figures) -> f64) -> V
         .collect()
 }
 
+/// The median of `v` (the upper one of an even count); `v` is not empty.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -151,10 +151,10 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// on [`super::schedule`]. 16 replicas in front of 8 workers hold about 0.5 each, 8 about
 /// 1.0, 4 about 2: in the fleet bench (seeds 1-40) 16 replicas at 10x went from meeting the
 /// ranges at none to 27, and at 3x spread at random from none to 36 (docs/pressure.md
-/// "Differs" has the trials and the price); a gate at 0.9 flickered at 16 replicas (16 x 3x
-/// at random met 7). The share held since the shedding began, which
-/// the replica's own shedding does not lower, so a lone replica shedding at low load keeps
-/// its own reading.
+/// "Few replicas' share" has the trials and the price); a gate at 0.9 flickered at 16
+/// replicas (16 x 3x at random met 7). It reads the share held since the shedding began,
+/// which the replica's own shedding does not lower, so a lone replica shedding at low load
+/// keeps its own reading.
 pub const FEW_SHARE: f64 = 1.5;
 /// Mean latency, as a share of the target, at which the integral holds an overloaded
 /// upstream from replicas of [`FEW_SHARE`]: the target itself, above [`LATENCY_SETPOINT`].
@@ -164,10 +164,10 @@ pub const FEW_SHARE: f64 = 1.5;
 pub const FEW_LATENCY_SETPOINT: f64 = 1.0;
 /// Sign changes of the integral's error that halve its gain where the share is under
 /// [`FEW_SHARE`] ([`super::schedule`]). Tried with the latency reading on every replica and
-/// the setpoint at 0.9 (16 x 10x, seeds 1-40): 10, 3 and 1 met at 11, 12 and 7 seeds (none
-/// at a constant gain, 6 at random spread); 3 with 1 at 10x at random, 18 and 25.
+/// the setpoint at 0.9 (16 x 10x, seeds 1-40): 10, 3 and 1 met the ranges at 11, 12 and 7
+/// seeds, against 6 at a constant gain.
 pub const SCHEDULE_FLIPS: f64 = 3.0;
-/// Most sign changes [`super::schedule`] counts: the gain falls to half at least, so an
+/// Most sign changes [`super::schedule`] counts: the gain falls to half at most, so an
 /// effort built in a 10x overload unwinds within the 3 s the scenario tests allow once it
 /// ends (unbounded, 16 replicas took 4–6 s at seed 31; at 6, a third, 16 replicas at 10x
 /// spread at random took 4 s there, though 16 x 10x met the ranges at 32 of seeds 1-40

@@ -329,7 +329,8 @@ async fn sixteen_replicas_spread_at_random_hold_3x_within_twice_the_target_on_th
 /// seed 25 fails in the 3-replica phase (99 ms, 53 before), and seed 23, which met the
 /// ranges before and after, took its place here (seed 25 had met them once the under-use
 /// test counted only ticks with answers, `shedgate::pressure::noload::UNDER_USED_TICKS`:
-/// its 8-replica phase held 61 ms before, 51 ms with it). Seed 5 met them once learning at rest waited after the loop was
+/// its 8-replica phase held 61 ms before, 51 ms with it). Seed 5 met them once learning at
+/// rest waited after the loop was
 /// engaged (`shedgate::pressure::noload::REST_HOLD_TICKS`): its 3-replica phase held 156 ms
 /// before, 51 ms with it. Seed 39, the worst of the 40 before, met them once the under-use
 /// test also read the latency at its end (`shedgate::pressure::noload::OVER_TARGET`): 109
