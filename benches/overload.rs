@@ -130,13 +130,7 @@ async fn load(
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
             let body = shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now());
-            let url = match spread {
-                Spread::RoundRobin => {
-                    turn = turn.wrapping_add(1);
-                    &urls[turn % urls.len()]
-                }
-                Spread::Random => &urls[rng.usize(..urls.len())],
-            };
+            let url = &urls[spread.pick(&mut turn, urls.len(), &mut rng)];
             let req = Request::post(url)
                 .header("x-stream", ev.stream)
                 .header("content-type", "application/json")

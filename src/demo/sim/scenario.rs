@@ -79,6 +79,21 @@ pub enum Spread {
     Random,
 }
 
+impl Spread {
+    /// The replica, of `n` (at least 1), that the next request goes to: in turn, the one after
+    /// the last (`turn` counts the requests sent so far and is advanced), or one drawn
+    /// uniformly from `rng`.
+    pub fn pick(self, turn: &mut usize, n: usize, rng: &mut fastrand::Rng) -> usize {
+        match self {
+            Spread::RoundRobin => {
+                *turn = turn.wrapping_add(1);
+                *turn % n
+            }
+            Spread::Random => rng.usize(..n),
+        }
+    }
+}
+
 /// The proxy replicas in service: `(from, count)` steps in start order, from the scenario's
 /// start. A replica taken out of service finishes what it holds (a lame duck); a replica put
 /// in service starts cold, as a new pod does.
@@ -256,13 +271,10 @@ pub async fn run_scenario(
             if in_service != fleet.lock().unwrap_or_else(|e| e.into_inner()).active {
                 scale_to(in_service, &mut tickers);
             }
-            let replica = match scenario.replicas.spread {
-                Spread::RoundRobin => {
-                    turn = turn.wrapping_add(1);
-                    turn % in_service
-                }
-                Spread::Random => rng.usize(..in_service),
-            };
+            let replica = scenario
+                .replicas
+                .spread
+                .pick(&mut turn, in_service, &mut rng);
             let gauge =
                 Arc::clone(&fleet.lock().unwrap_or_else(|e| e.into_inner()).gauges[replica]);
             let event = events[rng.usize(..events.len())].clone();
