@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use shedgate::demo::sim::{
     Figures, MIX, Phase, Replicas, Scenario, Second, ServiceTime, Simulator, Spread,
-    geographic_events, run_scenario,
+    geographic_events, recovery_seconds, run_scenario,
 };
 use shedgate::policy::Policy;
 use shedgate::pressure::ControllerConfig;
@@ -192,21 +192,15 @@ async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> (Vec<Figures>, Opt
     (figures, recovery(case, &seconds))
 }
 
-/// Seconds after the overload's end (the last load step over 1x of capacity, when a step
-/// follows it) until every replica's pressure at the end of a second stays at or under 0.5
-/// for good, counted as `tests/proxy/scenarios.rs` counts them (the range: at most 3).
+/// [`recovery_seconds`] after the overload's end (the last load step over 1x of capacity,
+/// when a step follows it), as the tests count it (the range: at most 3).
 fn recovery(case: &Case, seconds: &[Second]) -> Option<usize> {
     let last = case.load.iter().rposition(|&(_, m)| m > 1.0)?;
     if last + 1 == case.load.len() {
         return None;
     }
-    let end: u64 = case.load[..=last].iter().map(|&(s, _)| s).sum();
-    let after = seconds.get(usize::try_from(end).ok()?..)?;
-    let calm_from = after
-        .iter()
-        .rposition(|s| s.end_pressure > 0.5)
-        .map_or(0, |i| i + 1);
-    Some(calm_from + 1)
+    let end = usize::try_from(case.load[..=last].iter().map(|&(s, _)| s).sum::<u64>()).ok()?;
+    (end <= seconds.len()).then(|| recovery_seconds(seconds, end))
 }
 
 fn met(f: &Figures, check: Check) -> bool {

@@ -153,21 +153,11 @@ fn assert_rank_order(seconds: &[Second], text: &str) {
     }
 }
 
-/// Seconds from the end of the overload until pressure is at most 0.5 (nothing shed) for
-/// good: the end of the first second from which every second ends at or below 0.5 (1 =
-/// within the first second). At or below, not strictly below: these scenarios return to
-/// 0.8x, where random queueing now and then takes latency to its target, which is 0.5.
+/// [`shedgate::demo::sim::recovery_seconds`], printed for a failing run's output.
 pub(crate) fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
-    let after = &seconds[overload_end..];
-    let calm_from = after
-        .iter()
-        .rposition(|s| s.end_pressure > 0.5)
-        .map_or(0, |i| i + 1);
-    eprintln!(
-        "pressure at most 0.5 for good within {} s of second {overload_end}",
-        calm_from + 1
-    );
-    calm_from + 1
+    let within = shedgate::demo::sim::recovery_seconds(seconds, overload_end);
+    eprintln!("pressure at most 0.5 for good within {within} s of second {overload_end}");
+    within
 }
 
 /// The targets for steady overload, as accepted ranges: goodput at least 95% of

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 mod figures;
 mod scenario;
 
-pub use figures::Figures;
+pub use figures::{Figures, recovery_seconds};
 pub use scenario::{
     BANDS, MIX, Replicas, Scenario, Second, SimEvent, Spread, band, geographic_events, run_scenario,
 };
