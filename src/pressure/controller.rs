@@ -416,13 +416,11 @@ impl Controller {
                 let held = self.held_peak * l0;
                 held > 0.0 && held < FEW_SHARE
             });
-        let smoothed = self.l;
         let unverified = self.noload.value().map(|l0| {
-            if few {
-                return smoothed / l0.max(1e-6);
-            }
             let holds = self.rate * l0;
-            if holds > 0.0 {
+            if few {
+                self.l / l0.max(1e-6)
+            } else if holds > 0.0 {
                 mean_inflight / holds
             } else if mean_inflight > 0.0 {
                 f64::INFINITY

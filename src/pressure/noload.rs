@@ -21,8 +21,9 @@
 //!   its concurrency share for a whole second of ticks with answers ([`UNDER_USED_TICKS`]):
 //!   the queue is gone, so the latency it measures is the upstream's own. This is Envoy
 //!   `adaptive_concurrency`'s minRTT window (concurrency pinned low, latency measured) without
-//!   a window of its own: shedding too much already pinned it. Envoy starts its windows on a jittered timer, one host at a time; a replica
-//!   that drained alone would measure the queue its fleet keeps and call it no-load latency.
+//!   a window of its own: shedding too much already pinned it. Envoy starts its windows on a
+//!   jittered timer, one host at a time; a replica that drained alone would measure the queue
+//!   its fleet keeps and call it no-load latency.
 //!   An over-shedding loop is over-shedding on every replica (they read the same latency), so
 //!   the fleet measures together without talking to each other. The latency must be over
 //!   [`OVER_TARGET`] times the target, on average over that second and at its end, or, for a

@@ -288,8 +288,9 @@ async fn sixteen_replicas_spread_at_random_hold_10x() {
 
 /// With the upstream's own load report (`--load-report`: in-flight over its concurrency, the
 /// same for every replica), 16 replicas hold 10x within twice the target: at 32 of seeds
-/// 1–40 (`cargo bench --bench fleet -- --load-reports`; at none without it, median 67 ms).
-/// At seed 21, 55 ms with it, 68 without.
+/// 1–40 (`cargo bench --bench fleet -- --load-reports`; at 27 without it, median 59 ms, and
+/// at none before the few-share rule, 67 ms). At seed 21, 55 ms with it, 61 without (68
+/// before that rule).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load_report() {
     fleet_holds_at(21, true, Replicas::fixed(16), None, 10.0, 2.0).await;
