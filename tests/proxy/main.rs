@@ -7,6 +7,8 @@ mod clock;
 mod faults;
 mod fuzz;
 mod geography;
+#[cfg(feature = "demo")]
+mod harness;
 mod keepalive;
 mod lifecycle;
 mod load_report;
