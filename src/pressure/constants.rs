@@ -112,7 +112,7 @@ pub(super) const MIN_RATE_SPAN: Duration = Duration::from_millis(5);
 /// fool. Steep, so that an onset with every event in a priority area (shed only past p 0.95)
 /// holds a queue of about half the cap, not four caps (the shared harness: admitted p99 over
 /// the run 95 ms at gain 1, onset included). In the simulator's copy of that harness
-/// (`tests/proxy/replicas.rs`, 8 workers x 20 ms, cap 8, target 25 ms, cold start into 10x)
+/// (`tests/proxy/harness.rs`, 8 workers x 20 ms, cap 8, target 25 ms, cold start into 10x)
 /// the whole-run p99 was 57 ms at 4, 40 ms at 6, 40 ms at 8 and 39 ms at 12; from 8 the
 /// capped 10x runs began to shed rank 1-10 events (0.2% with one replica capped at 16), so 6.
 pub const CAP_GAIN: f64 = 6.0;
