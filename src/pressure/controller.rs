@@ -9,10 +9,10 @@ use tokio::time::Instant;
 
 use super::ControllerConfig;
 use super::constants::{
-    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FEW_LATENCY_SETPOINT,
-    FEW_SHARE, FULL_CONFIDENCE_RATE, GATE_OPEN, GATE_SHUT, INTEGRAL_GAIN, LATENCY_DECAY_TAU,
-    LATENCY_SETPOINT, LATENCY_TAU, MAX_EFFORT, MIN_RATE_SPAN, MIN_SHARE, PEAK_TAU,
-    PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
+    CALM, CALM_TICKS, CAP_GAIN, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FEW_INFLIGHT_MARGIN,
+    FEW_LATENCY_SETPOINT, FEW_SHARE, FULL_CONFIDENCE_RATE, GATE_OPEN, GATE_SHUT, INTEGRAL_GAIN,
+    LATENCY_DECAY_TAU, LATENCY_SETPOINT, LATENCY_TAU, MAX_EFFORT, MIN_RATE_SPAN, MIN_SHARE,
+    PEAK_TAU, PROPORTIONAL_GAIN, RATE_TAU, REST_MARGIN, SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
 };
 use super::noload::{NoLoad, TickInput};
 use super::probe::{self, Action, ColdProbe, ProbeInput};
@@ -169,7 +169,8 @@ impl Output {
 /// q      = l / L0                                      queue ratio, 1 = no queue
 /// lc     = l / T * min(1, max(slow_rate / full, ū - 1))  confidence-weighted latency ratio
 /// qn     = n̄ / (rate * L0)                             in-flight over what completions hold
-///          few (no report, held_peak * L0 < FEW_SHARE): qn = l / L0, LATENCY_SETPOINT below
+///          few (no report, held_peak * L0 < FEW_SHARE): qn = min(l / L0, FEW_INFLIGHT_MARGIN
+///          + n̄ / (rate * L0)), LATENCY_SETPOINT below
 ///          reads FEW_LATENCY_SETPOINT, and gain is times super::schedule's multiplier
 /// r      = the upstream's reported utilisation, smoothed over LATENCY_TAU, while one came
 ///          within REPORT_STALE (super::report; none unless `--load-report` is set)
@@ -410,7 +411,11 @@ impl Controller {
         // so this reads 1 where its fleet holds a queue, and more as the queue grows.
         // Few: a share of the upstream so small that this replica's own in-flight count is
         // mostly noise (FEW_SHARE); the queue reading is then latency over L0, the same for
-        // every replica, unless the upstream reports its own.
+        // every replica, unless the upstream reports its own. Answers carry the queue their
+        // requests met a latency ago, so it is capped at one over the in-flight reading: a
+        // replica that holds nothing (its shedding drained its part of the queue) reads no
+        // queue of its own and stops winding the effort up on answers from before
+        // (FEW_INFLIGHT_MARGIN).
         let few = reported.is_none()
             && self.noload.value().is_some_and(|l0| {
                 let held = self.held_peak * l0;
@@ -418,7 +423,9 @@ impl Controller {
             });
         let unverified = self.noload.value().map(|l0| {
             let holds = self.rate * l0;
-            if few {
+            if few && holds > 0.0 {
+                (self.l / l0.max(1e-6)).min(FEW_INFLIGHT_MARGIN + mean_inflight / holds)
+            } else if few {
                 self.l / l0.max(1e-6)
             } else if holds > 0.0 {
                 mean_inflight / holds

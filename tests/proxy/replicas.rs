@@ -266,18 +266,19 @@ async fn sixteen_replicas_hold_3x() {
 }
 
 /// 16 replicas in front of 8 workers each hold a fraction of a request, so they read the
-/// queue from latency (`shedgate::pressure::FEW_SHARE`). At 10x admitted p99 is 62 ms at
-/// this seed (68 before that rule): the twice the target (60 ms) is met at 27 of
-/// seeds 1–40 (`cargo bench --bench fleet`, p99 median 59 ms; none before), not at this one,
-/// so this holds 2.2 times as a bound that must not get worse.
+/// queue from latency (`shedgate::pressure::FEW_SHARE`). At 10x admitted p99 is 61 ms at
+/// this seed (68 before that rule, 62 before `shedgate::pressure::FEW_INFLIGHT_MARGIN`): the
+/// issue's twice the target (60 ms) is met at 21 of seeds 1–40 (`cargo bench --bench fleet`,
+/// p99 median 60 ms; 27 and 59 ms before that margin, none before the rule), not at this
+/// one, so this holds 2.2 times as a bound that must not get worse.
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_hold_10x_full_within_2_2_targets() {
     fleet_holds(16, 10.0, 2.2).await;
 }
 
 /// 16 replicas at 10x with arrivals spread at random hold twice the target: at seed 31,
-/// 59 ms (67 before the few-share rule, `shedgate::pressure::FEW_SHARE`); at 20 of seeds
-/// 1–40 (`cargo bench --bench fleet`, p99 median 61 ms; none before, 69 ms).
+/// 59 ms (67 before the few-share rule, `shedgate::pressure::FEW_SHARE`); at 21 of seeds
+/// 1–40 (`cargo bench --bench fleet`, p99 median 60 ms; none before, 69 ms).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_spread_at_random_hold_10x() {
     let replicas = Replicas::steady(16, Spread::Random);
@@ -286,8 +287,8 @@ async fn sixteen_replicas_spread_at_random_hold_10x() {
 
 /// With the upstream's own load report (`--load-report`: in-flight over its concurrency, the
 /// same for every replica), 16 replicas hold 10x within twice the target: at 32 of seeds
-/// 1–40 (`cargo bench --bench fleet -- --load-reports`; at 27 without it, median 59 ms, and
-/// at none before the few-share rule, 67 ms). At seed 21, 55 ms with it, 61 without (68
+/// 1–40 (`cargo bench --bench fleet -- --load-reports`; at 21 without it, median 60 ms, and
+/// at none before the few-share rule, 67 ms). At seed 21, 55 ms with it, 60 without (68
 /// before that rule).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load_report() {
@@ -298,8 +299,8 @@ async fn sixteen_replicas_hold_10x_within_twice_the_target_on_the_upstreams_load
 /// picks a backend) instead of in turn: each replica's own arrivals are then a Poisson
 /// stream, so its in-flight reading, a fraction of a request at 16 replicas, is noisier.
 /// Read from latency instead (`shedgate::pressure::FEW_SHARE`), 16 replicas at 3x hold twice
-/// the target: at seed 31, 51 ms (67 before that rule, 52 in turn); at 36 of seeds 1–40
-/// (`cargo bench --bench fleet`, p99 median 54 ms; none before, median 70 ms).
+/// the target: at seed 31, 51 ms (67 before that rule, 49 in turn); at 40 of seeds 1–40
+/// (`cargo bench --bench fleet`, p99 median 53 ms; none before, median 70 ms).
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_spread_at_random_hold_3x() {
     let replicas = Replicas::steady(16, Spread::Random);
@@ -413,6 +414,30 @@ async fn count_change(seed: u64, load_reports: bool) -> (Vec<Second>, f64, Strin
         summary(&s, cap)
     );
     (s, cap, text)
+}
+
+/// Sixteen replicas offered 1.02x for 35 s (seeds 33 and 16), each holding about half a
+/// request of the upstream's concurrency. The queue fills slowly enough that learning at rest
+/// follows it for seconds before taking it back (`shedgate::pressure::noload::RAMP_TICKS`);
+/// the loop then reads a queue of ten no-load latencies from answers that waited in it, and
+/// its integral wound up to the maximum on them while its own shedding had already emptied
+/// its part: goodput 66.8% and 71.2% over the first seconds (10-15 s), with 21.1% of ranks
+/// 1-10 shed at seed 33. Now the latency reading is capped at one over the in-flight one
+/// (`shedgate::pressure::FEW_INFLIGHT_MARGIN`): 90.0% and 88.0%, no rank 1-10 event shed. A
+/// bound, not the ranges, which no mild overload meets (README "Sizing").
+#[tokio::test(start_paused = true)]
+async fn sixteen_replicas_at_a_mild_overload_do_not_shed_their_priority_areas() {
+    let policy = policy();
+    for seed in [33, 16] {
+        let events = geographic_events(&policy, MIX, 20_000, seed);
+        let run = Run::new(&[(5, 0.8), (35, 1.02)], Replicas::fixed(16), seed);
+        let (s, capacity) = run.go(&policy, &events).await;
+        let text = format!("seed {seed}\n{}", summary(&s, capacity));
+        assert_invariants(&s, &text);
+        let f = figures("16 replicas, 1.02x, first seconds", &s, 10..15, capacity);
+        assert!(f.goodput >= 0.85, "goodput: {f}\n{text}");
+        assert!(f.shed_by_band[0] < 0.01, "ranks 1-10 shed: {f}\n{text}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
