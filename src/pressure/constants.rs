@@ -162,22 +162,27 @@ pub const FEW_SHARE: f64 = 1.5;
 /// upstream needs a longer queue to stay busy: at 0.9, 16 replicas at 10x held p99 53 ms
 /// median but goodput fell to 92.6% at a seed (met 12 of 40); at 1.0, 59 ms and 95.5%.
 pub const FEW_LATENCY_SETPOINT: f64 = 1.0;
-/// Margin over the in-flight reading (mean in-flight over what the completion rate holds at the
-/// no-load latency) that caps the latency reading of a replica of [`FEW_SHARE`]: one no-load
-/// latency. Answers carry the queue their requests met when admitted, a latency ago; a replica
-/// whose shedding has emptied its part of the queue still reads it from answers until they stop,
-/// and its integral went on winding up: 16 replicas offered 1.02x and 1.05x (fleet bench, seeds
-/// 1-40), whose no-load learner took a slowly filling queue back after seconds, shed up to 6.0 of
-/// effort for two seconds, goodput in the first seconds as low as 66.8% and 68.9% and up to 21% and
-/// 29% of ranks 1-10 shed. With the cap, 88.0% and 78.5% and 0% and 23.5%; 16 x 3x spread at random
-/// met the ranges at 40 seeds against 36, 8 x 3x at random 31 against 28, and 16 x 10x recovered
-/// within 3 s at every seed (38 and 39 before); the price, 16 x 10x in turn met at 21 instead of 27
-/// (p99 median 59 -> 60 ms against a 60 ms bound), and 8 x 3x at random back at or under 0.5 in 6 s
-/// at one seed (a five-request burst at one replica after its effort had unwound). Variants: the
-/// replica's setpoint as margin once verified (1.25, no unwinding on an empty tick), the same
-/// figures and seed counts; 1.25 always, lowest 81.8% and 77.0%, 8 x 3x at random met at 26; the
-/// cap only on ticks with nothing in flight and nothing answered, lowest 85.1% and 77.4%, 16 x 10x
-/// at random met at 16.
+/// Margin, in multiples of the no-load latency (queue-ratio units), by which the latency reading of
+/// a replica whose held share is under [`FEW_SHARE`] (its smoothed latency over the no-load
+/// latency) may exceed its in-flight reading (mean in-flight over what the completion rate holds at
+/// the no-load latency, this tick's own, not smoothed): the queue reading is the smaller. Answers
+/// carry the queue their requests met when admitted, a latency ago; a replica whose shedding has
+/// emptied its part of the queue still reads it from answers until they stop, and its integral went
+/// on winding up: 16 replicas offered 1.02x and 1.05x (fleet bench, seeds 1-40), whose no-load
+/// learner took a slowly filling queue back after seconds, read ten times the no-load latency (222
+/// ms against 21 at seed 33) and held the effort at its maximum, 6.0, for two seconds; goodput in
+/// the first seconds as low as 66.8% and 68.9%, and up to 21% and 29% of ranks 1-10 shed. With the
+/// cap, 88.0% and 78.5% and 0% and 23.5%; 16 x 3x spread at random met the ranges at 40 seeds
+/// against 36, 8 x 3x at random 31 against 28, and 16 x 10x recovered within 3 s at every seed (38
+/// and 39 before). The price: 16 x 10x in turn met at 21 instead of 27 (p99 median 59 -> 60 ms
+/// against a 60 ms bound), 8 x 10x in turn at 37 instead of 38, and 8 x 3x at random back at or
+/// under 0.5 in 6 s at one seed (a five-request burst at one replica after its effort had unwound).
+/// Variants: the replica's setpoint as margin once verified (1.25, no unwinding on an empty tick),
+/// the same figures and seed counts; 1.25 always, lowest 81.8% and 77.0%, 8 x 3x at random met at
+/// 26; the cap only on ticks with nothing in flight and nothing answered, lowest 85.1% and 77.4%,
+/// 16 x 10x at random met at 16; the in-flight reading smoothed over [`LATENCY_TAU`] (less noise,
+/// but as late as the latency), 66.8% and 69.2% as without the cap, 16 x 10x in turn met at 26 but
+/// 16 x 3x at random at 37.
 pub const FEW_INFLIGHT_MARGIN: f64 = 1.0;
 /// Sign changes of the integral's error that halve its gain where the share is under
 /// [`FEW_SHARE`] ([`super::schedule`]). Tried with the latency reading on every replica and

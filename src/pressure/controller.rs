@@ -412,10 +412,10 @@ impl Controller {
         // Few: a share of the upstream so small that this replica's own in-flight count is
         // mostly noise (FEW_SHARE); the queue reading is then latency over L0, the same for
         // every replica, unless the upstream reports its own. Answers carry the queue their
-        // requests met a latency ago, so it is capped at one over the in-flight reading: a
-        // replica that holds nothing (its shedding drained its part of the queue) reads no
-        // queue of its own and stops winding the effort up on answers from before
-        // (FEW_INFLIGHT_MARGIN).
+        // requests met a latency ago, so it is capped at one more than the in-flight reading
+        // (FEW_INFLIGHT_MARGIN): a replica that holds nothing (its shedding drained its part
+        // of the queue) reads no queue of its own and stops winding the effort up on answers
+        // from before; one whose requests hang reads the latency (its silence) uncapped.
         let few = reported.is_none()
             && self.noload.value().is_some_and(|l0| {
                 let held = self.held_peak * l0;
@@ -423,16 +423,17 @@ impl Controller {
             });
         let unverified = self.noload.value().map(|l0| {
             let holds = self.rate * l0;
-            if few && holds > 0.0 {
-                (self.l / l0.max(1e-6)).min(FEW_INFLIGHT_MARGIN + mean_inflight / holds)
-            } else if few {
-                self.l / l0.max(1e-6)
-            } else if holds > 0.0 {
+            let inflight_reading = if holds > 0.0 {
                 mean_inflight / holds
             } else if mean_inflight > 0.0 {
                 f64::INFINITY
             } else {
                 0.0
+            };
+            if few {
+                (self.l / l0.max(1e-6)).min(FEW_INFLIGHT_MARGIN + inflight_reading)
+            } else {
+                inflight_reading
             }
         });
         let calm_lc = self.calm_lc.map_or(lc, |c| c + alpha(RATE_TAU) * (lc - c));

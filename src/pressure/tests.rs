@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::ControllerConfig;
-use super::constants::{ERROR_CLAMP, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK};
+use super::constants::{ERROR_CLAMP, FEW_SHARE, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK};
 use super::controller::{Controller, InflightWindow, LatencyWindow, Output};
 use super::gauge::{LATENCY_SUM_BITS, unpack};
 use super::report::ReportWindow;
@@ -137,6 +137,41 @@ async fn an_upstream_that_stops_answering_is_overload() {
     let (mut c, now) = learned();
     let (_, p) = run(&mut c, now, 3.0, 24, LatencyWindow::default());
     assert!(p > 0.95, "{p} {:?}", c.state(24));
+}
+
+/// A replica of a few-request share ([`FEW_SHARE`]): 20 answers a second at 20 ms with
+/// nothing standing in flight, against a 50 ms target, a share of 0.4 and seen calm; then
+/// overloaded for half a second, 8 in flight and answers at 200 ms, its effort built.
+fn few_share_overloaded() -> (Controller, Instant) {
+    let mut c = controller();
+    let (now, _) = run(&mut c, Instant::now(), 3.0, 0, samples(1, 20));
+    let state = c.state(0);
+    assert!(
+        !state.cold && state.concurrency_share < FEW_SHARE,
+        "{state:?}"
+    );
+    let (now, _) = run(&mut c, now, 0.5, 8, samples(1, 200));
+    assert!(c.output().effort > 0.0, "{:?}", c.state(8));
+    (c, now)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_few_share_replica_that_holds_nothing_does_not_wind_up_on_old_answers() {
+    // Its shedding emptied its part of the queue: nothing in flight, while the answers still
+    // arriving waited in it (200 ms, ten no-load latencies). Read from latency alone, the
+    // effort went on winding up; capped by the in-flight reading (FEW_INFLIGHT_MARGIN), it
+    // holds.
+    let (mut c, now) = few_share_overloaded();
+    let built = c.output().effort;
+    run(&mut c, now, 0.5, 0, samples(1, 200));
+    assert!(c.output().effort <= built, "{built} -> {:?}", c.state(0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_few_share_replica_whose_requests_hang_still_reads_overload() {
+    let (mut c, now) = few_share_overloaded();
+    let (_, p) = run(&mut c, now, 3.0, 8, LatencyWindow::default());
+    assert!(p > 0.95, "{p} {:?}", c.state(8));
 }
 
 #[tokio::test(start_paused = true)]
