@@ -422,7 +422,7 @@ async fn count_change(seed: u64, load_reports: bool) -> (Vec<Second>, f64, Strin
 /// the loop then reads a queue of ten no-load latencies from answers that waited in it, and
 /// its integral wound up to the maximum on them while its own shedding had already emptied
 /// its part: goodput 66.8% and 71.2% over the first seconds (10-15 s), with 21.1% of ranks
-/// 1-10 shed at seed 33. Now the latency reading is capped at one over the in-flight one
+/// 1-10 shed at seed 33. Now the latency reading is capped at one more than the in-flight one
 /// (`shedgate::pressure::FEW_INFLIGHT_MARGIN`): 90.0% and 88.0%, no rank 1-10 event shed. A
 /// bound, not the ranges, which no mild overload meets (README "Sizing").
 #[tokio::test(start_paused = true)]
