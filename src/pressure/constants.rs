@@ -161,6 +161,9 @@ pub const FEW_SHARE: f64 = 1.5;
 /// Such replicas admit without reading the upstream's queue request by request, so the
 /// upstream needs a longer queue to stay busy: at 0.9, 16 replicas at 10x held p99 53 ms
 /// median but goodput fell to 92.6% at a seed (met 12 of 40); at 1.0, 59 ms and 95.5%.
+/// Tried again with [`FEW_INFLIGHT_MARGIN`] (fleet bench, seeds 1-40): at 0.97 and 0.95, 16
+/// replicas at 10x met the ranges at 29 and 30 seeds (21 at 1.0), at random 27 and 26 (21),
+/// but 8 replicas at 3x at random at 21 and 21 (31), their p99 median 56 -> 60 ms.
 pub const FEW_LATENCY_SETPOINT: f64 = 1.0;
 /// Margin, in multiples of the no-load latency (queue-ratio units), by which the latency reading of
 /// a replica whose held share is under [`FEW_SHARE`] (its smoothed latency over the no-load
