@@ -9,7 +9,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
+use super::controller::{Controller, ControllerState};
+use super::output::{InflightWindow, LatencyWindow, Output};
 use super::report::{MAX_REPORT, ReportWindow};
 use super::{ControllerConfig, Pressure};
 

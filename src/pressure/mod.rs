@@ -1,8 +1,9 @@
 //! The pressure controller: upstream in-flight count and latency in, pressure in `[0, 1]`
 //! out (docs/pressure.md "Pressure").
 //!
-//! [`Controller`] is the pure state machine (time is an argument); [`PressureGauge`] is the
-//! shared, lock-free front the request path uses, ticked by one task.
+//! [`Controller`] is the pure state machine (time is an argument); its [`Output`] is what
+//! every decision reads between ticks (`output.rs`); [`PressureGauge`] is the shared,
+//! lock-free front the request path uses, ticked by one task.
 //!
 //! # The loop
 //!
@@ -38,6 +39,7 @@ mod constants;
 mod controller;
 mod gauge;
 pub mod noload;
+mod output;
 pub mod probe;
 pub mod report;
 pub mod schedule;
@@ -57,8 +59,9 @@ pub use constants::{
     REST_MARGIN, SCHEDULE_FLIPS, SCHEDULE_MAX_FLIPS, SCHEDULE_RUN, SETPOINT, STILL_OFFERED, TICK,
     UNWIND_GAIN,
 };
-pub use controller::{Controller, ControllerState, InflightWindow, LatencyWindow, Output};
+pub use controller::{Controller, ControllerState};
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
+pub use output::{InflightWindow, LatencyWindow, Output};
 pub use report::{MAX_REPORT, REPORT_STALE, ReportWindow};
 
 /// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its

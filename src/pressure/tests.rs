@@ -8,8 +8,9 @@ use tokio::time::Instant;
 
 use super::ControllerConfig;
 use super::constants::{ERROR_CLAMP, FEW_SHARE, INTEGRAL_GAIN, PROPORTIONAL_GAIN, SETPOINT, TICK};
-use super::controller::{Controller, InflightWindow, LatencyWindow, Output};
+use super::controller::Controller;
 use super::gauge::{LATENCY_SUM_BITS, unpack};
+use super::output::{InflightWindow, LatencyWindow, Output};
 use super::report::ReportWindow;
 
 fn controller() -> Controller {

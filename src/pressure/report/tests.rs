@@ -5,7 +5,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::super::constants::TICK;
-use super::super::controller::{Controller, InflightWindow, LatencyWindow};
+use super::super::controller::Controller;
+use super::super::output::{InflightWindow, LatencyWindow};
 use super::super::{ControllerConfig, PressureGauge};
 use super::{MAX_REPORT, REPORT_STALE, ReportWindow};
 
