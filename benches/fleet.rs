@@ -171,7 +171,6 @@ fn cases() -> Vec<Case> {
     cases
 }
 
-/// One run of `case` at `seed`: the figures of each phase.
 /// One seed's run of `case`: each phase's figures, and the seconds after the overload's end
 /// until pressure stays at or under 0.5 for good (`None` where the overload lasts to the end).
 async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> (Vec<Figures>, Option<usize>) {

@@ -37,9 +37,10 @@ use super::schedule::GainSchedule;
 /// q      = l / L0                                      queue ratio, 1 = no queue
 /// lc     = l / T * min(1, max(slow_rate / full, ū - 1))  confidence-weighted latency ratio
 /// qn     = n̄ / (rate * L0)                             in-flight over what completions hold
-///          few (no report, held_peak * L0 < FEW_SHARE): qn = min(l / L0, FEW_INFLIGHT_MARGIN
-///          + n̄ / (rate * L0)), LATENCY_SETPOINT below
-///          reads FEW_LATENCY_SETPOINT, and gain is times super::schedule's multiplier
+///          few (no report, held_peak * L0 < FEW_SHARE):
+///            qn = min(l / L0, FEW_INFLIGHT_MARGIN + n̄ / (rate * L0)),
+///            LATENCY_SETPOINT below reads FEW_LATENCY_SETPOINT,
+///            and the gain is times super::schedule's multiplier
 /// r      = the upstream's reported utilisation, smoothed over LATENCY_TAU, while one came
 ///          within REPORT_STALE (super::report; none unless `--load-report` is set)
 /// e      = clamp(min(r - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)    reported

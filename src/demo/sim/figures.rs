@@ -82,19 +82,6 @@ impl Figures {
     }
 }
 
-/// Seconds from the end of an overload (second `overload_end` of `seconds`) until pressure is
-/// at most 0.5 (nothing shed) for good: the end of the first second from which every second
-/// ends at or below 0.5 (1 = within the first second). At or below, not strictly below: the
-/// scenarios return to 0.8x, where random queueing now and then takes latency to its target,
-/// which is 0.5. The range is at most 3. Panics if `overload_end` is past the end.
-pub fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
-    seconds[overload_end..]
-        .iter()
-        .rposition(|s| s.end_pressure > 0.5)
-        .map_or(0, |i| i + 1)
-        + 1
-}
-
 impl std::fmt::Display for Figures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -109,4 +96,17 @@ impl std::fmt::Display for Figures {
             self.never_delivered * 100.0
         )
     }
+}
+
+/// Seconds from the end of an overload (second `overload_end` of `seconds`) until pressure is
+/// at most 0.5 (nothing shed) for good: the end of the first second from which every second
+/// ends at or below 0.5 (1 = within the first second). At or below, not strictly below: the
+/// scenarios return to 0.8x, where random queueing now and then takes latency to its target,
+/// which is 0.5. The range is at most 3. Panics if `overload_end` is past the end.
+pub fn recovery_seconds(seconds: &[Second], overload_end: usize) -> usize {
+    seconds[overload_end..]
+        .iter()
+        .rposition(|s| s.end_pressure > 0.5)
+        .map_or(0, |i| i + 1)
+        + 1
 }
