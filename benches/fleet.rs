@@ -8,20 +8,22 @@
 //! fewer of 1–40 (7 against 8) with about the same (79 against 78 ms).
 //!
 //! Run: `cargo bench --bench fleet` (seeds 1–40, about a minute once built), or with
-//! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, and
-//! `-- --case 1.05x` for only the scenarios whose name contains that text, and
-//! `-- --load-reports` for an upstream that states its utilisation with every answer (ORCA,
-//! `shedgate::pressure::report`), read by every replica. Prints, per
-//! scenario and phase, each seed's goodput (share of the upstream's capacity then) and
+//! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, `-- --case 1.05x`
+//! for only the scenarios whose name contains that text, and `-- --load-reports` for an
+//! upstream that states its utilisation with every answer (ORCA, `shedgate::pressure::report`),
+//! read by every replica, and `-- --seconds` for each run's figures second by second on stderr
+//! (scenario, seed, second, then goodput, p50, p99, shed by band, the highest pressure any
+//! replica saw in it and the highest at its end; the CV, across seconds, is 0 for one). Prints,
+//! per scenario and phase, each seed's goodput (share of the upstream's capacity then) and
 //! admitted p99 (`inf` when nothing completed within the 1 s timeout) or shed share, their
 //! median and worst, the median of the seeds' admitted p50 (where latency settles; in steady
 //! overload the integral holds mean latency at `LATENCY_SETPOINT`, 0.9 of the target, 27 ms,
-//! where its latency term governs), how many seeds served under half the capacity, the share
-//! of priority areas' (ranks 1–10) sheddable events shed (median and most), and per scenario
-//! how many seeds met its ranges in every phase (the issue's: goodput at least 95%, p99 at
-//! most twice the 30 ms target), and where the overload ends before the run does, at how many
-//! seeds pressure was back at or under 0.5 for good within 3 s of its end (the range
-//! too, counted apart from "met"). The scenarios:
+//! where its latency term governs), how many seeds served under half the capacity, the share of
+//! priority areas' (ranks 1–10) sheddable events shed (median and most), and per scenario how
+//! many seeds met its ranges in every phase (the issue's: goodput at least 95%, p99 at most
+//! twice the 30 ms target), and where the overload ends before the run does, at how many seeds
+//! pressure was back at or under 0.5 for good within 3 s of its end (the range too,
+//! counted apart from "met"). The scenarios:
 //!
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
 //!   spread at random as kube-proxy's iptables mode does, then again in turn as IPVS round
@@ -183,6 +185,16 @@ async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> (Vec<Figures>, Opt
     let mut scenario = Scenario::new(&case.load, controller, case.replicas.clone(), seed);
     scenario.load_reports = load_reports();
     let seconds = run_scenario(&scenario, &sim, policy, &events).await;
+    if per_second() {
+        // One line a second, to stderr, so that the summary on stdout stays as it is.
+        for (i, s) in seconds.iter().enumerate() {
+            let f = Figures::of(&seconds, i..i + 1, sim.capacity());
+            eprintln!(
+                "{} | seed {seed} | {i} s: {f} | pressure max {:.2}, at its end {:.2}",
+                case.name, s.max_pressure, s.end_pressure
+            );
+        }
+    }
     let figures = case
         .phases
         .iter()
@@ -213,6 +225,12 @@ fn met(f: &Figures, check: Check) -> bool {
 /// answer and every replica reads it (`Scenario::load_reports`).
 fn load_reports() -> bool {
     std::env::args().any(|a| a == "--load-reports")
+}
+
+/// Whether `--seconds` was given: every run's figures, second by second, to stderr (where
+/// a phase's figures come from: a burst, a drift, an onset).
+fn per_second() -> bool {
+    std::env::args().any(|a| a == "--seconds")
 }
 
 /// The value of `--NAME VALUE` or `--NAME=VALUE` on the command line, if given (an empty
