@@ -9,21 +9,22 @@
 //!
 //! Run: `cargo bench --bench fleet` (seeds 1–40, about a minute once built), or with
 //! `-- --seeds 1-12,32` (a list of seeds and inclusive ranges) for others, `-- --case 1.05x`
-//! for only the scenarios whose name contains that text, and `-- --load-reports` for an
-//! upstream that states its utilisation with every answer (ORCA, `shedgate::pressure::report`),
-//! read by every replica, and `-- --seconds` for each run's figures second by second on stderr
-//! (scenario, seed, second, then goodput, p50, p99, shed by band, the highest pressure any
-//! replica saw in it and the highest at its end; the CV, across seconds, is 0 for one). Prints,
-//! per scenario and phase, each seed's goodput (share of the upstream's capacity then) and
-//! admitted p99 (`inf` when nothing completed within the 1 s timeout) or shed share, their
-//! median and worst, the median of the seeds' admitted p50 (where latency settles; in steady
-//! overload the integral holds mean latency at `LATENCY_SETPOINT`, 0.9 of the target, 27 ms,
-//! where its latency term governs), how many seeds served under half the capacity, the share of
-//! priority areas' (ranks 1–10) sheddable events shed (median and most), and per scenario how
-//! many seeds met its ranges in every phase (the issue's: goodput at least 95%, p99 at most
-//! twice the 30 ms target), and where the overload ends before the run does, at how many seeds
-//! pressure was back at or under 0.5 for good within 3 s of its end (the range too,
-//! counted apart from "met"). The scenarios:
+//! for only the scenarios whose name contains that text, `-- --load-reports` for an upstream
+//! that states its utilisation with every answer (ORCA, `shedgate::pressure::report`), read by
+//! every replica, and `-- --seconds` for each run's figures second by second on stderr
+//! (scenario, seed, second, then `Figures` over that second: goodput, p50 and p99, `NaN` when
+//! nothing completed in it, the CV of admitted per second, 0 over one, shed and shed by band,
+//! and the never-shed share delivered over the whole run; then the highest pressure any replica
+//! saw in it and the highest at its end). Prints, per scenario and phase, each seed's goodput
+//! (share of the upstream's capacity then) and admitted p99 (`inf` when nothing completed
+//! within the 1 s timeout) or shed share, their median and worst, the median of the seeds'
+//! admitted p50 (where latency settles; in steady overload the integral holds mean latency at
+//! `LATENCY_SETPOINT`, 0.9 of the target, 27 ms, where its latency term governs), how many
+//! seeds served under half the capacity, the share of priority areas' (ranks 1–10) sheddable
+//! events shed (median and most), and per scenario how many seeds met its ranges in every phase
+//! (the issue's: goodput at least 95%, p99 at most twice the 30 ms target), and where the
+//! overload ends before the run does, at how many seeds pressure was back at or under 0.5 for
+//! good within 3 s of its end (the range too, counted apart from "met"). The scenarios:
 //!
 //! - the replica count going 2 -> 8 -> 3 during 3x (scaled out at 9 s, in at 14 s, arrivals
 //!   spread at random as kube-proxy's iptables mode does, then again in turn as IPVS round
