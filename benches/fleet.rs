@@ -184,9 +184,9 @@ async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> (Vec<Figures>, Opt
         latency_target: TARGET,
     };
     let mut scenario = Scenario::new(&case.load, controller, case.replicas.clone(), seed);
-    scenario.load_reports = load_reports();
+    scenario.load_reports = flag("load-reports");
     let seconds = run_scenario(&scenario, &sim, policy, &events).await;
-    if per_second() {
+    if flag("seconds") {
         // One line a second, to stderr, so that the summary on stdout stays as it is.
         for (i, s) in seconds.iter().enumerate() {
             let f = Figures::of(&seconds, i..i + 1, sim.capacity());
@@ -222,16 +222,13 @@ fn met(f: &Figures, check: Check) -> bool {
     }
 }
 
-/// Whether `--load-reports` was given: the upstream reports its utilisation with each
-/// answer and every replica reads it (`Scenario::load_reports`).
-fn load_reports() -> bool {
-    std::env::args().any(|a| a == "--load-reports")
-}
-
-/// Whether `--seconds` was given: every run's figures, second by second, to stderr (where
-/// a phase's figures come from: a burst, a drift, an onset).
-fn per_second() -> bool {
-    std::env::args().any(|a| a == "--seconds")
+/// Whether `--NAME` was given: `--load-reports` (the upstream reports its utilisation with
+/// each answer and every replica reads it, `Scenario::load_reports`) or `--seconds` (every
+/// run's figures, second by second, to stderr: where a phase's figures come from, a burst,
+/// a drift, an onset).
+fn flag(name: &str) -> bool {
+    let flag = format!("--{name}");
+    std::env::args().any(|a| a == flag)
 }
 
 /// The value of `--NAME VALUE` or `--NAME=VALUE` on the command line, if given (an empty
@@ -330,7 +327,7 @@ fn main() {
         P99_TARGETS * TARGET.as_secs_f64() * 1e3,
         NOT_SHED * 100.0
     );
-    if load_reports() {
+    if flag("load-reports") {
         println!("the upstream reports its utilisation with every answer (--load-reports)");
     }
     for case in selected() {
