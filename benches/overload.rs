@@ -183,6 +183,7 @@ async fn start_binary(upstream: &str) -> std::net::SocketAddr {
         1 << 20,
         HostHeader::Client,
         &[],
+        shedgate::upstream::HeaderCase::Preserve,
     );
     let svc = ServiceBuilder::new()
         .load_shed()

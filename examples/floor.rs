@@ -70,7 +70,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
         }
         let listener = TcpListener::bind(listen).await?;
-        let pool = Arc::new(Pool::new(&host, port, Duration::from_secs(5)));
+        let pool = Arc::new(Pool::new(
+            &host,
+            port,
+            Duration::from_secs(5),
+            shedgate::upstream::HeaderCase::Lower,
+        ));
         loop {
             let (stream, _) = listener.accept().await?;
             let pool = Arc::clone(&pool);

@@ -24,6 +24,7 @@ use crate::policy::Curve;
 use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings, BufferBudget};
+use crate::signals::Signals;
 use crate::upstream::Proxy;
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
@@ -89,6 +90,7 @@ pub fn build_stack(
             config.max_body,
             config.host_header,
             &config.trusted_proxies,
+            config.upstream_header_case,
         ))
 }
 
@@ -143,6 +145,18 @@ pub async fn start(
     config: Config,
     sources: Sources,
 ) -> Result<(Running, Vec<Warning>), StartError> {
+    start_with(config, sources, &Signals::none()).await
+}
+
+/// As [`start`], with the process's signals: SIGHUPs reload the policy.
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_with(
+    config: Config,
+    sources: Sources,
+    signals: &Signals,
+) -> Result<(Running, Vec<Warning>), StartError> {
     let metrics = Arc::new(Metrics::new());
     let (store, warnings) =
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
@@ -181,6 +195,7 @@ pub async fn start(
         drain_timeout: config.drain_timeout,
         max_header_line: config.max_header_line,
         max_head: config.max_head,
+        preserve_header_case: config.upstream_header_case == crate::upstream::HeaderCase::Preserve,
         lame_duck: lame_duck.clone(),
         metrics: Some(Arc::clone(&parts.metrics)),
     };
@@ -210,6 +225,7 @@ pub async fn start(
         Arc::clone(&parts.store),
         config.policy_recheck,
         shutdown_rx.clone(),
+        Some(signals.hangups()),
     ));
     tasks.push(tokio::spawn(tick(parts.clone(), shutdown_rx)));
     tracing::info!(
@@ -283,39 +299,21 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-/// Runs until SIGTERM or Ctrl-C, then shuts down gracefully.
+/// Runs until SIGTERM or SIGINT (Ctrl-C), then shuts down gracefully. `signals` were installed
+/// at the first line of `main`: a SIGTERM that came while the policy compiled has exited the
+/// process already, and SIGHUPs that came then are one reload once the watcher runs.
 ///
 /// # Errors
 /// As [`start`].
-pub async fn serve(config: Config) -> Result<(), StartError> {
-    let (running, warnings) = start(config, Sources::default()).await?;
+pub async fn serve(config: Config, signals: Signals) -> Result<(), StartError> {
+    let (running, warnings) = start_with(config, Sources::default(), &signals).await?;
     for w in warnings {
         tracing::warn!("{w}");
     }
-    shutdown_signal().await;
+    signals.serving();
+    signals.terminated().await;
     tracing::info!("shutdown signal received");
     running.stop().await;
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }

@@ -22,6 +22,9 @@
 //! Modules in layer order: each one imports only from the modules listed above it.
 //!
 //! - [`clock`]: unix milliseconds, the one place that reads the wall clock.
+//! - [`signals`]: process signals, handled from the first line of `main` (a thread of their
+//!   own; SIGTERM before serving exits at once, SIGHUPs coalesce into reloads, SIGUSR1 reopens
+//!   the access log).
 //! - [`pressure`]: the [`pressure::Pressure`] value (0..1) and the proportional-integral
 //!   controller turning upstream latency, in-flight count and completions into it (the
 //!   integral at each tick, the proportional part at each decision), with the no-load
@@ -73,6 +76,7 @@ pub mod plot;
 pub mod policy;
 pub mod pressure;
 pub mod proxy;
+pub mod signals;
 pub mod stats;
 pub mod upstream;
 

@@ -11,6 +11,7 @@ use shedgate::edge::rejection::Explanation;
 use shedgate::extract::{self, Coordinates, EventTime, Facts};
 use shedgate::policy;
 use shedgate::pressure::Pressure;
+use shedgate::signals::Signals;
 
 /// jemalloc (tikv-jemallocator, as Vector uses), with a background thread that purges freed
 /// pages after 1 s (`.cargo/config.toml`): the memory of closed connections goes back to the
@@ -115,10 +116,22 @@ struct CurveArgs {
 }
 
 fn main() -> ExitCode {
+    // First: a signal that came before its handler would kill the process (SIGHUP, SIGUSR1) or,
+    // as PID 1, be lost (SIGTERM) (src/signals.rs).
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot handle signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let cli = Cli::parse();
     init_tracing();
+    if !matches!(cli.command, Command::Serve(_)) {
+        signals.hangup_exits();
+    }
     match cli.command {
-        Command::Serve(args) => serve(*args),
+        Command::Serve(args) => serve(*args, signals),
         Command::Check { dir } => check(&dir),
         Command::Explain(args) => explain(&args),
         #[cfg(feature = "plot")]
@@ -147,7 +160,7 @@ fn runtime() -> tokio::runtime::Runtime {
         })
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
+fn serve(args: ServeArgs, signals: Signals) -> ExitCode {
     let config = match Config::from_args(args) {
         Ok(c) => c,
         Err(e) => {
@@ -155,7 +168,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime().block_on(shedgate::app::serve(config)) {
+    match runtime().block_on(shedgate::app::serve(config, signals)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ shedgate::app::StartError::Policy(_)) => {
             eprintln!("error: {e}");
@@ -173,6 +186,9 @@ fn check(dir: &std::path::Path) -> ExitCode {
         Ok(compiled) => {
             for w in &compiled.warnings {
                 println!("{w}");
+            }
+            for n in &compiled.notes {
+                println!("{}: note: {}", n.file.display(), n.message);
             }
             let p = &compiled.policy;
             println!(

@@ -57,7 +57,7 @@ pub fn assess(
     let stream = reading.known.flatten();
     // Read once for both uses below. An ambiguous `Content-Type` reads as none; it never
     // reaches the stream's read mode (the stream is unknown then).
-    let content_type = read_one(headers, CONTENT_TYPE).value();
+    let content_type = read_one(headers, &CONTENT_TYPE).value();
     let mode = reading
         .route
         .map(|(i, j)| policy.routes()[i].mode_at(j))

@@ -14,8 +14,8 @@ use http::header::HeaderName;
 use serde::{Deserialize, Serialize};
 
 use crate::pressure::ControllerConfig;
-use crate::upstream::HostHeader;
 use crate::upstream::load_report::LoadReportField;
+use crate::upstream::{HeaderCase, HostHeader};
 
 mod values;
 
@@ -99,6 +99,11 @@ pub struct ServeArgs {
     /// URL's authority) [default: client].
     #[arg(long, value_name = "client|upstream")]
     pub host_header: Option<HostHeader>,
+    /// Header-name case on the upstream leg: `preserve` (each name as the sender wrote it,
+    /// names the proxy adds in title case, as nginx does), `title` (every name title-cased)
+    /// or `lower` [default: preserve].
+    #[arg(long, value_name = "preserve|title|lower")]
+    pub upstream_header_case: Option<HeaderCase>,
     /// Peers whose forwarding headers (`X-Forwarded-*`, `Forwarded`) are kept and extended,
     /// as CIDRs, comma-separated (a load balancer's or ingress's addresses); everyone else's
     /// are replaced [default: none].
@@ -172,6 +177,8 @@ pub struct Config {
     pub policy_recheck: Duration,
     /// How `Host` is forwarded.
     pub host_header: HostHeader,
+    /// Header-name case on the upstream leg.
+    pub upstream_header_case: HeaderCase,
     /// Peers whose forwarding headers are kept and extended.
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Longest request header line, bytes.
@@ -377,6 +384,7 @@ impl Config {
             drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),
             shutdown_delay: args.shutdown_delay.map_or(Duration::from_secs(5), |d| d.0),
             host_header: args.host_header.unwrap_or_default(),
+            upstream_header_case: args.upstream_header_case.unwrap_or_default(),
             trusted_proxies: args.trusted_proxies.unwrap_or_default(),
             max_header_line,
             max_head,

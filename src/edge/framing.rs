@@ -23,6 +23,8 @@ use std::task::{Context, Poll};
 
 use hyper::rt::{Read, ReadBufCursor, Write};
 
+pub use crate::metrics::ProtocolMismatch as WrongProtocol;
+
 /// Largest request head the tracker buffers, bytes; past this it stops following the
 /// connection. `--max-head` may not exceed it, so hyper refuses (431) every head the tracker
 /// could not follow.
@@ -48,8 +50,32 @@ enum Phase {
     Lost,
 }
 
+/// What a connection's first bytes say: `Some(Some(p))` another protocol than HTTP/1.x (a
+/// peer told this port speaks something else), `Some(None)` HTTP/1.x (or at least not one of
+/// these), `None` too few bytes to tell (12 always tell).
+///
+/// - The HTTP/2 connection preface, `PRI * HTTP/2.0` (RFC 9113 section 3.4): an ingress or
+///   client told the port speaks h2c (go#80416, istio#19966).
+/// - A TLS handshake record: content type 22, version 3.x (RFC 8446 section 5.1): a peer told
+///   the port speaks HTTPS (eks-anywhere#5780).
+pub fn sniff(first: &[u8]) -> Option<Option<WrongProtocol>> {
+    const H2: &[u8] = b"PRI * HTTP/2";
+    match first {
+        [] | [0x16] => None,
+        [0x16, 0x03, ..] => Some(Some(WrongProtocol::TlsClientHello)),
+        _ if first.len() < H2.len() && H2.starts_with(first) => None,
+        _ if first.starts_with(H2) => Some(Some(WrongProtocol::Http2Preface)),
+        _ => Some(None),
+    }
+}
+
 #[derive(Debug)]
 struct Tracker {
+    /// What the connection's first bytes said (`None`: not known yet).
+    sniffed: Option<Option<WrongProtocol>>,
+    /// The connection's first bytes while too few have come to tell
+    /// ([`sniff`] decides by the 12th), and how many.
+    first: ([u8; 12], usize),
     phase: Phase,
     /// Bytes read but not consumed yet: only a partial head or chunk line waits here; body
     /// bytes are skipped as they arrive.
@@ -79,6 +105,11 @@ impl Verdicts {
     /// The verdict of the next request the service sees (`None`: clean, or not known).
     pub fn next(&self) -> Option<HeadVerdict> {
         self.0.lock().ok()?.verdicts.pop_front().flatten()
+    }
+
+    /// Another protocol than HTTP/1.x, if the connection's first bytes were one.
+    pub fn wrong_protocol(&self) -> Option<WrongProtocol> {
+        self.0.lock().ok()?.sniffed.flatten()
     }
 
     /// Where the client's bytes stand, as far as the tracker can tell.
@@ -136,6 +167,8 @@ pub struct HeaderLineTooLong(pub usize);
 pub struct FramingGuard<IO> {
     io: IO,
     tracker: Verdicts,
+    /// Another protocol on the first bytes, until taken ([`FramingGuard::take_mismatch`]).
+    mismatch: Option<WrongProtocol>,
     /// The tracker's progress after the last read, kept so the connection's own IO reads it
     /// without taking the tracker's lock a second time per read.
     progress: Progress,
@@ -147,6 +180,8 @@ impl<IO> FramingGuard<IO> {
     /// has no per-line limit, only one per head).
     pub fn new(io: IO, max_line: usize) -> (Self, Verdicts) {
         let tracker = Verdicts(Arc::new(Mutex::new(Tracker {
+            sniffed: None,
+            first: ([0; 12], 0),
             phase: Phase::Head,
             pending: Vec::new(),
             verdicts: VecDeque::new(),
@@ -157,6 +192,7 @@ impl<IO> FramingGuard<IO> {
             FramingGuard {
                 io,
                 tracker: tracker.clone(),
+                mismatch: None,
                 progress: Progress::Between(0),
             },
             tracker,
@@ -166,6 +202,11 @@ impl<IO> FramingGuard<IO> {
     /// Where the client's bytes stood after the last read (see [`Verdicts::progress`]).
     pub fn progress(&self) -> Progress {
         self.progress
+    }
+
+    /// Another protocol than HTTP/1.x, once, as soon as the first bytes have said so.
+    pub fn take_mismatch(&mut self) -> Option<WrongProtocol> {
+        self.mismatch.take()
     }
 
     /// The wrapped IO.
@@ -192,8 +233,12 @@ impl<IO: Read + Unpin> Read for FramingGuard<IO> {
             Poll::Ready(Ok(())) => {
                 let filled = inner.filled();
                 if let Ok(mut t) = this.tracker.0.lock() {
+                    let unknown = t.sniffed.is_none();
                     t.feed(filled);
                     this.progress = t.progress();
+                    if unknown {
+                        this.mismatch = t.sniffed.flatten();
+                    }
                 }
                 buf.put_slice(filled);
                 Poll::Ready(Ok(()))
@@ -244,6 +289,14 @@ impl Tracker {
     }
 
     fn feed(&mut self, input: &[u8]) {
+        if self.sniffed.is_none() {
+            // Once per connection: its first bytes, however the first reads split them.
+            let (head, len) = &mut self.first;
+            let take = input.len().min(head.len() - *len);
+            head[*len..*len + take].copy_from_slice(&input[..take]);
+            *len += take;
+            self.sniffed = sniff(&head[..*len]);
+        }
         if matches!(self.phase, Phase::Lost) {
             return;
         }
@@ -320,9 +373,15 @@ impl Tracker {
                         }
                         break;
                     };
-                    let line = String::from_utf8_lossy(&buf[pos..pos + nl]).into_owned();
+                    let raw = &buf[pos..pos + nl];
                     pos += nl + 1;
-                    self.chunk_line(line.trim_end_matches('\r'));
+                    // A bare LF ends no line hyper reads (RFC 9112 section 7.1: CRLF).
+                    let Some(raw) = raw.strip_suffix(b"\r") else {
+                        self.phase = Phase::Lost;
+                        break;
+                    };
+                    let line = String::from_utf8_lossy(raw).into_owned();
+                    self.chunk_line(&line);
                 }
                 Phase::ChunkData(left) => {
                     let n = left.min(avail as u64);
@@ -361,7 +420,16 @@ impl Tracker {
             }
             return;
         }
-        let size = text.split(';').next().unwrap_or("").trim();
+        // Hex digits only, as hyper reads them: `from_str_radix` alone would take a `+5`.
+        let size = text
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim_end_matches([' ', '\t']);
+        if size.is_empty() || !size.bytes().all(|b| b.is_ascii_hexdigit()) {
+            self.phase = Phase::Lost;
+            return;
+        }
         match u64::from_str_radix(size, 16) {
             Ok(0) => self.phase = Phase::Trailers,
             Ok(n) => self.phase = Phase::ChunkData(n),

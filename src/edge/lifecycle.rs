@@ -156,6 +156,11 @@ impl<IO: Read + Unpin> Read for ClientIo<IO> {
         }
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
+                if let Some(wrong) = this.io.take_mismatch()
+                    && let Some(m) = &this.metrics
+                {
+                    m.protocol_mismatch(wrong);
+                }
                 match this.io.progress() {
                     // A new head: one read can end a head and start the next.
                     Progress::InHead(n) if this.head != Some(n) => {

@@ -58,8 +58,12 @@ pub enum Rejection {
     },
     /// The body was not received within the body read timeout: 408.
     BodyTimeout,
-    /// A malformed request or body stream: 400.
+    /// A malformed request: 400.
     BadRequest(String),
+    /// A request body whose framing broke while it was read (a malformed chunk, a connection
+    /// cut mid-body): 400 with `Connection: close`, since nothing after it on the connection
+    /// can be framed.
+    BadBody(String),
     /// Ambiguous message framing (a request-smuggling attempt): 400, and the connection is
     /// closed so nothing after it on the connection is read (RFC 9112 section 6.3).
     BadFraming(String),
@@ -196,9 +200,10 @@ impl Rejection {
             Rejection::Stale { status, .. } => *status,
             Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Rejection::BadRequest(_) | Rejection::BadFraming(_) | Rejection::BadHost(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Rejection::BadRequest(_)
+            | Rejection::BadBody(_)
+            | Rejection::BadFraming(_)
+            | Rejection::BadHost(_) => StatusCode::BAD_REQUEST,
             Rejection::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Rejection::HeaderLineTooLong(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
@@ -215,6 +220,7 @@ impl Rejection {
             Rejection::PayloadTooLarge { .. } => Some(ErrorKind::PayloadTooLarge),
             Rejection::BodyTimeout => Some(ErrorKind::BodyTimeout),
             Rejection::BadRequest(_)
+            | Rejection::BadBody(_)
             | Rejection::BadFraming(_)
             | Rejection::BadHost(_)
             | Rejection::MethodNotAllowed(_)
@@ -278,6 +284,14 @@ impl Rejection {
             Rejection::BadRequest(why) => (
                 "urn:shedgate:problem:bad-request",
                 "Bad request",
+                why.clone(),
+                None,
+                None,
+                None,
+            ),
+            Rejection::BadBody(why) => (
+                "urn:shedgate:problem:bad-body",
+                "Malformed request body",
                 why.clone(),
                 None,
                 None,
@@ -355,6 +369,7 @@ impl Rejection {
         let close = matches!(
             self,
             Rejection::BadFraming(_)
+                | Rejection::BadBody(_)
                 | Rejection::BadHost(_)
                 | Rejection::MethodNotAllowed(_)
                 | Rejection::HeaderLineTooLong(_)

@@ -145,6 +145,7 @@ impl Format {
                     singles: vec![p("/current")],
                     lonlat: Some(p("/geometry/coordinates")),
                     time: vec![p("/properties/timestamp")],
+                    crs: vec![p("/crs"), p("/geometry/crs")],
                     ..Shape::default()
                 },
                 PresetStream::Header,
@@ -156,6 +157,7 @@ impl Format {
                     arrays: vec![p("/features")],
                     lonlat: Some(p("/geometry/coordinates")),
                     time: vec![p("/properties/time"), p("/properties/timestamp")],
+                    crs: vec![p("/crs"), p("/geometry/crs")],
                     ..Shape::default()
                 },
                 PresetStream::Header,

@@ -11,6 +11,7 @@
 use serde::de::DeserializeSeed;
 
 pub mod coding;
+pub mod crs;
 pub mod formats;
 pub mod headers;
 pub mod params;
@@ -47,6 +48,10 @@ pub struct Shape {
     pub lonlat: Option<JsonPointer>,
     /// Event time candidates, relative to the event: the first readable one is used.
     pub time: Vec<JsonPointer>,
+    /// GeoJSON `crs` members, relative to the event (the event's own, its geometry's): one
+    /// that is not CRS84 makes the event's coordinates unreadable ([`crs`]); at the root of a
+    /// batch, every event's.
+    pub crs: Vec<JsonPointer>,
     /// The event's stream, when the body names it.
     pub stream: Option<JsonPointer>,
     /// Query or form keys holding the facts (the OsmAnd protocol): read from the query
@@ -69,6 +74,7 @@ impl Shape {
             "lonlat": one(&self.lonlat),
             "time": texts(&self.time),
             "stream": one(&self.stream),
+            "crs": texts(&self.crs),
             "params": self.params.as_ref().map(ParamKeys::describe),
         })
     }
@@ -100,6 +106,7 @@ enum Target {
     LonLat,
     Time(usize),
     Stream,
+    Crs,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -128,6 +135,7 @@ mod mask {
     pub(super) const TIMES: u16 = 0b1111 << 3;
     pub(super) const STREAM: u16 = 1 << 7;
     pub(super) const EVENTS: u16 = 1 << 8;
+    pub(super) const CRS: u16 = 1 << 9;
 
     /// The bit of one target.
     pub(super) fn of(target: Target) -> u16 {
@@ -137,6 +145,7 @@ mod mask {
             Target::LonLat => LONLAT,
             Target::Time(i) => (1 << 3) << i.min(3),
             Target::Stream => STREAM,
+            Target::Crs => CRS,
         }
     }
 
@@ -202,6 +211,7 @@ impl Extractor {
                 .map(|(i, p)| (p, Target::Time(i))),
         );
         event_ptrs.extend(shape.stream.iter().map(|p| (p, Target::Stream)));
+        event_ptrs.extend(shape.crs.iter().map(|p| (p, Target::Crs)));
         let check = |all: &[&JsonPointer]| {
             for (i, a) in all.iter().enumerate() {
                 for b in &all[i + 1..] {
@@ -339,11 +349,17 @@ impl Extractor {
                 events: vec![EventFacts::MISSING],
             };
         }
-        let events = if caps.batch {
+        let mut events: Vec<EventFacts> = if caps.batch {
             caps.events[1..].iter().map(EventCaps::read).collect()
         } else {
             vec![caps.events[0].read()]
         };
+        // A batch's root `crs` (a FeatureCollection's) is every event's.
+        if caps.batch && caps.events[0].foreign_crs() {
+            for e in &mut events {
+                e.coordinates = Coordinates::Invalid;
+            }
+        }
         BodyFacts {
             body: BodyState::Json,
             batch: caps.batch,

@@ -11,6 +11,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
+use super::crs::Crs;
 use super::time::{parse_time_text, parse_unix_number};
 use super::{Coordinates, EventFacts, EventTime, MAX_TIMES, Node, Target, mask};
 use crate::clock::UnixMillis;
@@ -22,6 +23,8 @@ pub(super) struct EventCaps<'de> {
     lonlat: Option<&'de RawValue>,
     time: [Option<&'de RawValue>; MAX_TIMES],
     stream: Option<&'de RawValue>,
+    /// `crs` members, the event's and its geometry's (at most two are kept).
+    crs: [Option<&'de RawValue>; 2],
     /// Targets stated twice, differently (bits of [`mask`]): unreadable.
     conflicts: u16,
 }
@@ -49,6 +52,10 @@ impl<'de> EventCaps<'de> {
                 None => return,
             },
             Target::Stream => &mut self.stream,
+            Target::Crs => match self.crs.iter_mut().find(|c| c.is_none()) {
+                Some(slot) => slot,
+                None => &mut self.crs[1],
+            },
         };
         match slot {
             None => *slot = Some(raw),
@@ -57,11 +64,23 @@ impl<'de> EventCaps<'de> {
         }
     }
 
+    /// A `crs` member other than CRS84 ([`crate::extract::crs`]): its positions may be
+    /// `[lat, lon]`, so they are not read either way.
+    pub(super) fn foreign_crs(&self) -> bool {
+        self.conflicts & mask::CRS != 0
+            || self
+                .crs
+                .iter()
+                .flatten()
+                .any(|raw| Crs::of_raw(raw) != Crs::LonLat)
+    }
+
     #[inline]
     pub(super) fn read(&self) -> EventFacts {
         let c = self.conflicts;
         let coordinates = match (self.lat, self.lon, self.lonlat) {
             _ if c & (mask::LAT | mask::LON | mask::LONLAT) != 0 => Coordinates::Invalid,
+            _ if self.crs.iter().any(Option::is_some) && self.foreign_crs() => Coordinates::Invalid,
             (Some(lat), Some(lon), _) => match (read_number(lat), read_number(lon)) {
                 (Some(lat), Some(lon)) => Coordinates::new(lat, lon),
                 _ => Coordinates::Invalid,

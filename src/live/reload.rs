@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use super::debounce::Quiet;
 use super::store::{PolicyStore, ReloadOutcome};
 use crate::policy::PolicyFiles;
+use crate::signals::Hangups;
 
 /// Interval between the two reads that must agree before compiling.
 pub const SETTLE: Duration = Duration::from_millis(100);
@@ -54,17 +55,26 @@ pub async fn reload(store: &Arc<PolicyStore>, trigger: Trigger) -> ReloadOutcome
 }
 
 /// Starts the watcher now (so that no save after this call is missed), then spawns the task
-/// that runs it, the SIGHUP handler and the periodic re-check until `shutdown`.
+/// that runs it, the SIGHUPs (`hangups`, coalesced: any number pending are one reload) and the
+/// periodic re-check until `shutdown`.
 pub fn spawn(
     store: Arc<PolicyStore>,
     recheck_every: Duration,
     shutdown: watch::Receiver<bool>,
+    hangups: Option<Hangups>,
 ) -> tokio::task::JoinHandle<()> {
     let (tx, rx) = mpsc::unbounded_channel::<()>();
     let watcher = start_watcher(store.dir(), &tx);
     // Anything saved between the first load and the watch is caught by one check at once.
     let _ = tx.send(());
-    tokio::spawn(run(store, recheck_every, shutdown, (tx, rx), watcher))
+    tokio::spawn(run(
+        store,
+        recheck_every,
+        shutdown,
+        (tx, rx),
+        watcher,
+        hangups,
+    ))
 }
 
 async fn run(
@@ -73,17 +83,23 @@ async fn run(
     mut shutdown: watch::Receiver<bool>,
     (tx, mut rx): (mpsc::UnboundedSender<()>, mpsc::UnboundedReceiver<()>),
     mut watcher: Option<DirWatcher>,
+    mut hangups: Option<Hangups>,
 ) {
     let dir = store.dir().to_owned();
     let mut recheck = tokio::time::interval(recheck_every);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recheck.tick().await;
-    let mut hup = hangup();
     loop {
+        let hangup = async {
+            match &mut hangups {
+                Some(h) => h.next().await,
+                None => std::future::pending().await,
+            }
+        };
         let trigger = tokio::select! {
             Some(()) = rx.recv() => Trigger::Watch,
             _ = recheck.tick() => Trigger::Periodic,
-            () = next_hangup(&mut hup) => Trigger::Signal,
+            () = hangup => Trigger::Signal,
             _ = shutdown.wait_for(|s| *s) => return,
         };
         match trigger {
@@ -97,7 +113,10 @@ async fn run(
             _ => {}
         }
         let outcome = reload(&store, trigger).await;
-        if let ReloadOutcome::Swapped { .. } | ReloadOutcome::Failed { .. } = &outcome {
+        if trigger == Trigger::Signal {
+            // An operator asked: say what it did, changed or not.
+            tracing::info!(?outcome, "policy reload on SIGHUP");
+        } else if let ReloadOutcome::Swapped { .. } | ReloadOutcome::Failed { .. } = &outcome {
             tracing::debug!(?trigger, ?outcome, "policy reload");
         }
     }
@@ -196,33 +215,6 @@ fn start_watcher(dir: &std::path::Path, tx: &mpsc::UnboundedSender<()>) -> Optio
             None
         }
     }
-}
-
-#[cfg(unix)]
-type Hangup = Option<tokio::signal::unix::Signal>;
-#[cfg(not(unix))]
-type Hangup = Option<()>;
-
-fn hangup() -> Hangup {
-    #[cfg(unix)]
-    {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
-    }
-    #[cfg(not(unix))]
-    {
-        None
-    }
-}
-
-async fn next_hangup(hup: &mut Hangup) {
-    #[cfg(unix)]
-    if let Some(s) = hup
-        && s.recv().await.is_some()
-    {
-        return;
-    }
-    let _ = hup;
-    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]

@@ -29,9 +29,13 @@ pub const CLOCK_OFFSET: &str = "shedgate_clock_offset_seconds";
 pub const CLOCK_CORRECTED: &str = "shedgate_clock_corrected";
 /// `OPTIONS *` probes sent to read the upstream's clock while every answer was stale.
 pub const CLOCK_PROBES: &str = "shedgate_clock_probes_total";
-/// Event age at the decision, seconds, by `stream` (sheddable events with a readable time;
-/// negative: in the future).
+/// Event age at the decision, seconds, by `stream` (sheddable events with a readable time at
+/// or before now; never negative, so its `_sum` never decreases).
 pub const EVENT_AGE: &str = "shedgate_event_age_seconds";
+/// How far ahead of now an event's time was, seconds, by `stream` (sheddable events whose
+/// time is in the future: a device clock ahead); kept apart from [`EVENT_AGE`] so that no
+/// histogram records a negative value.
+pub const EVENT_LEAD: &str = "shedgate_event_lead_seconds";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
 /// Pressure as decisions see it, 0.0–1.0: the controller's, raised to an open schedule's
@@ -60,6 +64,10 @@ pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
 pub const SCHEDULE_ACTIVE: &str = "shedgate_schedule_active";
 /// Client connections shedgate closed on its own, by `reason` ([`CloseReason`](super::CloseReason)).
 pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
+/// Client connections that spoke another protocol than HTTP/1.x, closed, by `reason`
+/// (`http2_preface`: answered `GOAWAY` `HTTP_1_1_REQUIRED`; `tls_client_hello`): a peer is
+/// told this port speaks h2c or HTTPS.
+pub const PROTOCOL_MISMATCHES: &str = "shedgate_client_protocol_mismatches_total";
 /// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
 /// (`edge::keepalive`).
 pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
@@ -126,7 +134,12 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         EVENT_AGE,
         "histogram",
-        "Event age at the decision, seconds, by stream (sheddable events with a readable time).",
+        "Event age at the decision, seconds, by stream (sheddable events with a readable time at or before now).",
+    ),
+    (
+        EVENT_LEAD,
+        "histogram",
+        "How far ahead of now an event's time was, seconds, by stream (a device clock ahead).",
     ),
     (
         PRESSURE,
@@ -183,6 +196,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "counter",
         "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
          early_answer, lame_duck, drain_cut).",
+    ),
+    (
+        PROTOCOL_MISMATCHES,
+        "counter",
+        "Client connections that spoke another protocol than HTTP/1.x, closed, by reason (http2_preface: answered GOAWAY HTTP_1_1_REQUIRED; tls_client_hello).",
     ),
     (
         PARKED_CONNECTIONS,

@@ -24,13 +24,16 @@ mod per_policy;
 pub use catalog::*;
 pub use per_policy::PolicyMetrics;
 
-/// Buckets of [`EVENT_AGE`], seconds: negative for times in the future (a fleet whose clocks
-/// run ahead), then around the default `stale_after` (30 s), up to a day (past which a time
-/// is not believed).
+/// Buckets of [`EVENT_AGE`], seconds: around the default `stale_after` (30 s), up to a day
+/// (past which a time is not believed). Never negative: times in the future go to
+/// [`EVENT_LEAD`].
 const AGE_BUCKETS: &[f64] = &[
-    -3600.0, -300.0, -60.0, -5.0, 0.0, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0,
-    7200.0, 21600.0, 86400.0,
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 7200.0, 21600.0, 86400.0,
 ];
+
+/// Buckets of [`EVENT_LEAD`], seconds: a device clock a little ahead, minutes ahead, up to
+/// the day past which a time is not believed.
+const LEAD_BUCKETS: &[f64] = &[1.0, 5.0, 60.0, 300.0, 3600.0, 86400.0];
 
 /// Buckets of [`UPSTREAM_LATENCY`], seconds.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -91,6 +94,32 @@ impl Fact {
             Fact::Time => "time",
             Fact::ImplausibleTime => "time_implausible",
             Fact::Ambiguous => "ambiguous",
+        }
+    }
+}
+
+/// Another protocol than HTTP/1.x on a client connection's first bytes
+/// (`edge::framing::sniff`): a peer told the port speaks something else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolMismatch {
+    /// The HTTP/2 connection preface (RFC 9113 section 3.4): told the port speaks h2c.
+    Http2Preface,
+    /// A TLS handshake record (RFC 8446 section 5.1): told the port speaks HTTPS.
+    TlsClientHello,
+}
+
+impl ProtocolMismatch {
+    /// Both, in the order of their metric slots.
+    pub const ALL: [ProtocolMismatch; 2] = [
+        ProtocolMismatch::Http2Preface,
+        ProtocolMismatch::TlsClientHello,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProtocolMismatch::Http2Preface => "http2_preface",
+            ProtocolMismatch::TlsClientHello => "tls_client_hello",
         }
     }
 }
@@ -213,6 +242,8 @@ pub struct Metrics {
     /// [`UPSTREAM_LOAD_REPORTS`]: read, invalid.
     load_reports: [Counter; 2],
     connection_closes: [Counter; 5],
+    /// [`PROTOCOL_MISMATCHES`], by [`ProtocolMismatch`].
+    protocol_mismatches: [Counter; 2],
     reload_success: Counter,
     reload_failure: Counter,
     reload_ok: Gauge,
@@ -242,6 +273,7 @@ impl Metrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(UPSTREAM_LATENCY.into()), LATENCY_BUCKETS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_AGE.into()), AGE_BUCKETS))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_LEAD.into()), LEAD_BUCKETS))
             .map(PrometheusBuilder::build_recorder)
             .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
         for (name, kind, help) in CATALOG {
@@ -263,10 +295,13 @@ impl Metrics {
             ErrorKind::ALL.map(|k| counter(PROXY_ERRORS, vec![Label::new("kind", k.as_str())]));
         let connection_closes = CloseReason::ALL
             .map(|r| counter(CONNECTION_CLOSES, vec![Label::new("reason", r.as_str())]));
+        let protocol_mismatches = ProtocolMismatch::ALL
+            .map(|p| counter(PROTOCOL_MISMATCHES, vec![Label::new("reason", p.as_str())]));
         let load_reports = ["read", "invalid"]
             .map(|o| counter(UPSTREAM_LOAD_REPORTS, vec![Label::new("outcome", o)]));
         let m = Metrics {
             connection_closes,
+            protocol_mismatches,
             load_reports,
             parked_connections: gauge(PARKED_CONNECTIONS),
             pressure: gauge(PRESSURE),
@@ -336,6 +371,11 @@ impl Metrics {
     /// Counts an upstream load report: read, or there but not readable.
     pub fn load_report(&self, read: bool) {
         self.load_reports[usize::from(!read)].increment(1);
+    }
+
+    /// Counts a client connection closed because it spoke another protocol.
+    pub fn protocol_mismatch(&self, wrong: ProtocolMismatch) {
+        self.protocol_mismatches[wrong as usize].increment(1);
     }
 
     /// Counts a client connection closed for `reason`.

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use metrics::{Counter, Histogram, Label};
 
 use super::{
-    ADMITTED, EVENT_AGE, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE,
-    WOULD_SHED,
+    ADMITTED, EVENT_AGE, EVENT_LEAD, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED,
+    UNREADABLE, WOULD_SHED,
 };
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
@@ -63,6 +63,8 @@ pub struct PolicyMetrics {
     admitted: Vec<OnceLock<Counter>>,
     /// `[slot]`.
     ages: Vec<OnceLock<Histogram>>,
+    /// `[slot]`: leads of times in the future.
+    leads: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 5]>,
     /// `[slot]`: the `/stats` counts of each stream.
@@ -100,6 +102,7 @@ impl PolicyMetrics {
                 .map(|_| OnceLock::new())
                 .collect(),
             ages: (0..slots).map(|_| OnceLock::new()).collect(),
+            leads: (0..slots).map(|_| OnceLock::new()).collect(),
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
                 .collect(),
@@ -212,18 +215,25 @@ impl PolicyMetrics {
             .increment(1);
     }
 
-    /// Records an event's age at its decision, milliseconds (negative: a time in the future).
+    /// Records an event's age at its decision, milliseconds: an age (0 or more) in
+    /// [`EVENT_AGE`], a time in the future as its lead in [`EVENT_LEAD`]. Two histograms, so
+    /// that neither `_sum` ever decreases: a negative observation makes `rate()` read the sum
+    /// as a counter reset (client_golang#850, prometheus#6669).
     pub fn event_age(&self, stream: Option<StreamId>, age_ms: i64) {
         let slot = self.slot(stream);
-        let secs = crate::clock::millis_to_secs(age_ms);
-        self.ages[slot]
+        let (histograms, name, ms) = if age_ms >= 0 {
+            (&self.ages, EVENT_AGE, age_ms)
+        } else {
+            (&self.leads, EVENT_LEAD, age_ms.saturating_neg())
+        };
+        histograms[slot]
             .get_or_init(|| {
                 self.metrics.histogram(
-                    EVENT_AGE,
+                    name,
                     vec![Label::new("stream", self.stream_names[slot].clone())],
                 )
             })
-            .record(secs);
+            .record(crate::clock::millis_to_secs(ms));
     }
 
     /// Counts a sheddable request the decision admitted, by stream and area.

@@ -18,6 +18,9 @@ pub struct Compiled {
     pub policy: Policy,
     /// Risky content, in file order.
     pub warnings: Vec<Warning>,
+    /// What `check` also says, in file order: cells written in another form than their
+    /// canonical one, with that form.
+    pub notes: Vec<Warning>,
     /// Positions in the region files read, counted once per file (at most
     /// [`MAX_REGION_POSITIONS`]).
     pub region_positions: usize,
@@ -124,6 +127,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let streams_text = files.streams.as_str();
     let areas_path = files.dir.join(AREAS_FILE);
     let mut warnings = Vec::new();
+    let mut notes = Vec::new();
     let sf: StreamsFile = parse_toml(streams_path, streams_text)?;
     let af: AreasFile = match &files.areas {
         Some(text) => parse_toml(&areas_path, text)?,
@@ -243,6 +247,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         let id = StreamId(u32::try_from(streams.len()).unwrap_or(u32::MAX));
         stream_index.insert(name.clone(), id);
         streams.push(StreamPolicy {
+            cost_slot: crate::pressure::CostSlot::of(&name),
             name,
             supersession: s.supersession,
             class: s.class.unwrap_or(Class::Important),
@@ -430,7 +435,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         let explicit = a
             .cells
             .iter()
-            .flat_map(|spec| spec.0.children(AREA_RESOLUTION));
+            .flat_map(|spec| spec.cell.children(AREA_RESOLUTION));
         for cell in explicit.chain(region_cells) {
             let key = u64::from(cell);
             if !own.insert(key) {
@@ -478,10 +483,20 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
                 ),
             });
         }
+        for spec in a.cells.iter().filter(|s| s.written != s.cell.to_string()) {
+            notes.push(Warning {
+                file: areas_path.clone(),
+                message: format!(
+                    "area {:?}: cell {:?} is {} (its canonical form)",
+                    a.name, spec.written, spec.cell
+                ),
+            });
+        }
         areas.push(Area {
             name: a.name,
             rank: a.rank,
             cells: count,
+            listed_cells: a.cells.iter().map(|s| s.cell.to_string()).collect(),
         });
     }
 
@@ -521,6 +536,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             schedules,
         },
         warnings,
+        notes,
         region_positions,
     })
 }

@@ -296,19 +296,45 @@ impl TryFrom<u16> for StaleStatus {
     }
 }
 
-/// An H3 cell given as a hex string, at resolution 0..=4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// An H3 cell given as a hex string, at resolution 0..=4, and the text it was written as.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
-pub struct CellSpec(pub CellIndex);
+pub struct CellSpec {
+    /// The cell.
+    pub cell: CellIndex,
+    /// As written in the file (its canonical form is `cell`'s `Display`).
+    pub written: String,
+}
+
+/// Reads an H3 cell id as tools print it: hexadecimal digits, in either case, optionally after
+/// `0x` (MobilityDB PR #1830, h3-js#79), with surrounding whitespace ignored. Nothing else: a
+/// sign (`+8…`, which `u64::from_str_radix` and so h3o would take), inner whitespace, or other
+/// characters are refused, with the form expected, rather than read one way.
+///
+/// # Errors
+/// Text in another form, or a number that is no valid H3 cell.
+pub fn parse_cell(text: &str) -> Result<CellIndex, String> {
+    let trimmed = text.trim();
+    let hex = trimmed
+        .strip_prefix("0x")
+        .or_else(|| trimmed.strip_prefix("0X"))
+        .unwrap_or(trimmed);
+    if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{text:?} is not an H3 cell id: write it as its 15 hexadecimal digits, e.g. \
+             \"841f1d5ffffffff\" (upper case and a 0x prefix are read too; a sign, spaces or \
+             other characters are not)"
+        ));
+    }
+    let n = u64::from_str_radix(hex, 16).map_err(|e| format!("H3 cell {text:?}: {e}"))?;
+    CellIndex::try_from(n).map_err(|e| format!("{text:?} is not a valid H3 cell: {e}"))
+}
 
 impl TryFrom<String> for CellSpec {
     type Error = String;
 
     fn try_from(text: String) -> Result<Self, String> {
-        let cell: CellIndex = text
-            .trim()
-            .parse()
-            .map_err(|e| format!("invalid H3 cell {text:?}: {e}"))?;
+        let cell = parse_cell(&text)?;
         if cell.resolution() > Resolution::Four {
             return Err(format!(
                 "H3 cell {text:?} is at resolution {}, finer than the area key's resolution 4; \
@@ -319,7 +345,10 @@ impl TryFrom<String> for CellSpec {
                     .unwrap_or_default()
             ));
         }
-        Ok(CellSpec(cell))
+        Ok(CellSpec {
+            cell,
+            written: text,
+        })
     }
 }
 

@@ -216,6 +216,8 @@ pub struct StreamPolicy {
     /// How its bodies are read, per content mode of the format (at least one; the first is
     /// the default).
     pub modes: Vec<StreamMode>,
+    /// Where its latency samples are learned, by name ([`crate::pressure::costs`]).
+    pub cost_slot: crate::pressure::CostSlot,
 }
 
 /// How one content mode of a stream's bodies is read (without a route).
@@ -335,6 +337,9 @@ pub struct Area {
     pub rank: Rank,
     /// Number of resolution-4 cells it covers (after expanding coarser cells).
     pub cells: usize,
+    /// The cells its `cells` key lists, in their canonical form (15 lower-case hex digits),
+    /// as written order.
+    pub listed_cells: Vec<String>,
 }
 
 /// The policy's lookup tables on the request path (stream name to stream, resolution-4 cell
@@ -478,6 +483,14 @@ impl Policy {
     /// The `Retry-After` policy.
     pub fn retry_after(&self) -> RetryAfterPolicy {
         self.retry_after
+    }
+
+    /// The cost slot of `stream`'s latency samples ([`crate::pressure::costs`]); requests of
+    /// no known stream share [`crate::pressure::CostSlot::NONE`].
+    pub fn cost_slot(&self, stream: Option<StreamId>) -> crate::pressure::CostSlot {
+        stream.map_or(crate::pressure::CostSlot::NONE, |id| {
+            self.stream_policy(id).cost_slot
+        })
     }
 
     /// The class of a stream (`None`: unknown, which is `critical`).

@@ -17,6 +17,8 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
+use crate::extract::crs::Crs;
+
 /// One region of a file: its `properties.name` (a bare geometry has none) and its polygons,
 /// or the type of a geometry that is no area.
 #[derive(Debug, Clone)]
@@ -48,6 +50,9 @@ struct Object {
     coordinates: Option<Nested>,
     #[serde(default)]
     properties: Option<Properties>,
+    /// GeoJSON 2008's `crs` member ([`Crs`]): only CRS84 (or none) is read.
+    #[serde(default)]
+    crs: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -213,7 +218,23 @@ pub(super) fn parse(text: &str, budget: usize) -> Result<(Vec<Region>, usize), R
         .map_err(ReadError::Invalid)
 }
 
+/// Refuses a `crs` other than CRS84 on `what` (the file, a feature, a geometry).
+fn lon_lat(crs: Option<&serde_json::Value>, what: &str) -> Result<(), String> {
+    match Crs::of(crs) {
+        Crs::LonLat => Ok(()),
+        Crs::Other(name) => Err(format!(
+            "{what}: crs {name:?} is not CRS84: GeoJSON positions are [lon, lat] in WGS 84 \
+             (RFC 7946 section 4), and a file that names another crs may hold [lat, lon] (as \
+             EPSG:4326's axis order is), which would move the area; write the positions as \
+             [lon, lat] and remove the crs member"
+        )),
+    }
+}
+
 fn regions(root: Object) -> Result<Vec<Region>, String> {
+    if root.kind != "Feature" {
+        lon_lat(root.crs.as_ref(), "the file")?;
+    }
     match root.kind.as_str() {
         "FeatureCollection" => root
             .features
@@ -240,6 +261,14 @@ fn feature(object: Object) -> Result<Region, String> {
         .properties
         .and_then(|p| p.name)
         .and_then(|n| n.as_str().map(str::to_owned));
+    let what = match &name {
+        Some(n) => format!("feature {n:?}"),
+        None => "a feature without a name".to_owned(),
+    };
+    lon_lat(object.crs.as_ref(), &what)?;
+    if let Some(g) = &object.geometry {
+        lon_lat(g.crs.as_ref(), &format!("{what}'s geometry"))?;
+    }
     let geometry = object.geometry.map(|g| geometry(*g)).transpose()?;
     Ok(Region { name, geometry })
 }
@@ -309,6 +338,56 @@ mod tests {
         assert!(matches!(&bare[0].geometry, Some(Geometry::Other(k)) if k == "Point"));
         // The budget stops the parse.
         assert_eq!(parse(fc, 11).unwrap_err(), ReadError::OverBudget);
+    }
+
+    /// pygeoapi#2010, gdal PR #3311: a file naming EPSG:4326 may hold `[lat, lon]`; it is
+    /// refused wherever the member is, naming the feature, never read as `[lon, lat]`.
+    #[test]
+    fn a_crs_other_than_crs84_is_refused_naming_the_feature() {
+        let epsg = r#"{"type":"name","properties":{"name":"urn:ogc:def:crs:EPSG::4326"}}"#;
+        let ring = r#"[[[52.5,13.3],[52.6,13.3],[52.6,13.5],[52.5,13.3]]]"#;
+        let on_file = format!(
+            r#"{{"type":"FeatureCollection","crs":{epsg},"features":[{{"type":"Feature","properties":{{"name":"Berlin"}},"geometry":{{"type":"Polygon","coordinates":{ring}}}}}]}}"#
+        );
+        let on_feature = format!(
+            r#"{{"type":"Feature","crs":{epsg},"properties":{{"name":"Berlin"}},"geometry":{{"type":"Polygon","coordinates":{ring}}}}}"#
+        );
+        let on_geometry = format!(
+            r#"{{"type":"FeatureCollection","features":[{{"type":"Feature","properties":{{"name":"Berlin"}},"geometry":{{"type":"Polygon","crs":{epsg},"coordinates":{ring}}}}}]}}"#
+        );
+        for (text, names) in [
+            (on_file, "the file"),
+            (on_feature, "feature \"Berlin\""),
+            (on_geometry, "feature \"Berlin\"'s geometry"),
+        ] {
+            let ReadError::Invalid(why) = parse(&text, 100).unwrap_err() else {
+                panic!()
+            };
+            assert!(why.contains(names), "{why}");
+            assert!(
+                why.contains("EPSG::4326") && why.contains("[lon, lat]"),
+                "{why}"
+            );
+        }
+        let crs84 = r#"{"type":"name","properties":{"name":"urn:ogc:def:crs:OGC:1.3:CRS84"}}"#;
+        let fine = format!(
+            r#"{{"type":"FeatureCollection","crs":{crs84},"features":[{{"type":"Feature","properties":{{"name":"Berlin"}},"geometry":{{"type":"Polygon","coordinates":{ring}}}}}]}}"#
+        );
+        assert!(parse(&fine, 100).is_ok());
+    }
+
+    /// Positions with a third or fourth element (altitude, a measure) are read as lon, lat.
+    #[test]
+    fn positions_with_more_elements_are_lon_lat() {
+        let (regions, _) = parse(
+            r#"{"type":"Polygon","coordinates":[[[13.3,52.5,34.0,7],[13.5,52.5,30],[13.5,52.6,1,2],[13.3,52.5,34.0,7]]]}"#,
+            100,
+        )
+        .unwrap();
+        let Some(Geometry::Polygons(p)) = &regions[0].geometry else {
+            panic!()
+        };
+        assert_eq!(p[0].exterior().0[0], geo_types::Coord { x: 13.3, y: 52.5 });
     }
 
     #[test]

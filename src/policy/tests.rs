@@ -329,3 +329,58 @@ fn route_prefixes_are_normalised_paths() {
     }
     assert!(compile_str(&format!("{STREAMS}\n[[routes]]\nprefix = \"/a/b/\"\n"), "").is_ok());
 }
+
+/// MobilityDB PR #1830, h3-js#79: H3 ids as tools print them. A `0x` prefix and upper case
+/// are read; a leading `+` (which `u64::from_str_radix`, and so h3o, would take), inner
+/// whitespace and other spellings are refused with the form expected.
+#[test]
+fn h3_cells_are_read_as_tools_print_them_and_nothing_else() {
+    use super::file::parse_cell;
+    let berlin = "841f1d5ffffffff";
+    for text in [
+        berlin,
+        "841F1D5FFFFFFFF",
+        "0x841f1d5ffffffff",
+        "0X841F1D5FFFFFFFF",
+        " 841f1d5ffffffff ",
+    ] {
+        assert_eq!(parse_cell(text).unwrap().to_string(), berlin, "{text:?}");
+    }
+    for text in [
+        "+841f1d5ffffffff",
+        "841f1d5 ffffffff",
+        "841f1d5-ffffffff",
+        "0x",
+        "",
+        "h841f1d5ffffffff",
+        "0x+841f1d5ffffffff",
+    ] {
+        let err = parse_cell(text).unwrap_err();
+        assert!(err.contains("15 hexadecimal digits"), "{text:?}: {err}");
+    }
+    // In a policy: the canonical form is what GET /policy lists and what check notes.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("streams.toml"), "[defaults]\n").unwrap();
+    std::fs::write(
+        dir.path().join("areas.toml"),
+        "[[areas]]\nname = \"berlin\"\nrank = 5\ncells = [\"0x841F1D5FFFFFFFF\"]\n",
+    )
+    .unwrap();
+    let compiled = super::load_dir(dir.path()).unwrap();
+    assert_eq!(
+        compiled.policy.areas()[0].listed_cells,
+        vec![berlin.to_owned()]
+    );
+    assert_eq!(compiled.notes.len(), 1);
+    assert!(compiled.notes[0].message.contains(berlin));
+    std::fs::write(
+        dir.path().join("areas.toml"),
+        "[[areas]]\nname = \"berlin\"\nrank = 5\ncells = [\"+841f1d5ffffffff\"]\n",
+    )
+    .unwrap();
+    let err = super::load_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("areas.toml") && err.contains("15 hexadecimal digits"),
+        "{err}"
+    );
+}

@@ -100,6 +100,8 @@ pub struct Controller {
     report: LoadReport,
     /// The integral's gain schedule while the held share is under [`FEW_SHARE`].
     schedule: GainSchedule,
+    /// What each stream costs the upstream ([`super::costs`]).
+    costs: super::costs::Costs,
 }
 
 /// The controller's view, for `GET /pressure`.
@@ -166,18 +168,33 @@ impl Controller {
             probe: ColdProbe::default(),
             report: LoadReport::default(),
             schedule: GainSchedule::default(),
+            costs: super::costs::Costs::default(),
         }
     }
 
     /// Folds in the in-flight counts observed since the last update (`inflight` now, used
-    /// when no decision observed any) and the latency samples, returning the new output.
-    #[expect(clippy::cast_precision_loss, reason = "tick counts and sums < 2^52")]
+    /// when no decision observed any) and the latency samples, all of one cost, returning the
+    /// new output.
     pub fn update(
         &mut self,
         now: Instant,
         inflight: u32,
         observed: InflightWindow,
         latency: LatencyWindow,
+        reports: ReportWindow,
+    ) -> Output {
+        self.update_slots(now, inflight, observed, &[latency], reports)
+    }
+
+    /// [`Controller::update`] with the latency samples per cost slot (`latency[i]` for
+    /// [`super::CostSlot`] `i`): normalised by what each stream costs ([`super::costs`]).
+    #[expect(clippy::cast_precision_loss, reason = "tick counts and sums < 2^52")]
+    pub fn update_slots(
+        &mut self,
+        now: Instant,
+        inflight: u32,
+        observed: InflightWindow,
+        latency: &[LatencyWindow],
         reports: ReportWindow,
     ) -> Output {
         let dt = match self.last {
@@ -190,6 +207,8 @@ impl Controller {
         }
         let alpha = |tau: Duration| 1.0 - (-dt / tau.as_secs_f64()).exp();
         let target = self.config.latency_target.as_secs_f64().max(1e-6);
+        let folded = self.costs.fold(latency, self.noload.value(), dt);
+        let (latency, work) = (folded.latency, folded.work);
         let mean_inflight = if observed.count > 0 {
             observed.sum as f64 / observed.count as f64
         } else {
@@ -216,11 +235,11 @@ impl Controller {
         if self.peak_rate == 0.0 && latency.count > 0 {
             // The first answers: the rate of this tick, not an average rising from zero that
             // would make the learned share look tiny and every request a queue.
-            self.rate = latency.count as f64 / dt.max(TICK.as_secs_f64() / 2.0);
+            self.rate = work / dt.max(TICK.as_secs_f64() / 2.0);
         } else {
-            self.rate += alpha(LATENCY_TAU) * (latency.count as f64 / dt - self.rate);
+            self.rate += alpha(LATENCY_TAU) * (work / dt - self.rate);
         }
-        self.slow_rate += alpha(RATE_TAU) * (latency.count as f64 / dt - self.slow_rate);
+        self.slow_rate += alpha(RATE_TAU) * (work / dt - self.slow_rate);
         let flowing = inflight > 0 || latency.count > 0;
         if self.rate >= self.peak_rate {
             self.peak_rate = self.rate;
@@ -413,7 +432,7 @@ impl Controller {
         // smoothed rate still rising would predict a queue that is not there); between
         // bursts, the peak it last showed.
         let serving = if flowing {
-            self.rate.max(latency.count as f64 / dt)
+            self.rate.max(work / dt)
         } else {
             self.peak_rate
         };

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::controller::{Controller, ControllerState};
+use super::costs::{CostSlot, SLOTS};
 use super::output::{InflightWindow, LatencyWindow, Output};
 use super::report::{MAX_REPORT, ReportWindow};
 use super::{ControllerConfig, Pressure};
@@ -33,8 +34,11 @@ const UNPINNED: u64 = f64::NAN.to_bits();
 pub struct PressureGauge {
     controller: Mutex<Controller>,
     inflight: AtomicU32,
-    /// Packed [`LatencyWindow`] (see [`LATENCY_SUM_BITS`]).
+    /// Packed [`LatencyWindow`] (see [`LATENCY_SUM_BITS`]) of every sample: its count is
+    /// what decisions between two ticks read.
     latency: AtomicU64,
+    /// The same per cost slot ([`CostSlot`]), for the tick.
+    by_slot: Box<[AtomicU64]>,
     /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]).
     observed: AtomicU64,
     /// Packed [`ReportWindow`] (the layout of `latency`, millionths for microseconds).
@@ -68,6 +72,7 @@ impl PressureGauge {
             controller: Mutex::new(controller),
             inflight: AtomicU32::new(0),
             latency: AtomicU64::new(0),
+            by_slot: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             observed: AtomicU64::new(0),
             reports: AtomicU64::new(0),
             output: ArcSwap::from_pointee(output),
@@ -139,16 +144,18 @@ impl PressureGauge {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Records an upstream latency sample (a response the upstream itself gave, not a 5xx;
-    /// or a timeout, as a sample as slow as the timeout).
-    pub fn record_latency(&self, latency: Duration) {
+    /// Records an upstream latency sample of a request of the stream in `slot` (an answer
+    /// that served it, docs/pressure.md "Samples"; or a timeout, as a sample as slow as the
+    /// timeout).
+    pub fn record_latency(&self, slot: CostSlot, latency: Duration) {
         // One sample is capped at 2^36 µs (19 hours), far above any timeout, so that 256 of
         // them in one tick still fit the window's 44-bit sum without reaching the count.
         let us = u64::try_from(latency.as_micros())
             .unwrap_or(u64::MAX)
             .min((1 << 36) - 1);
-        self.latency
-            .fetch_add((1 << LATENCY_SUM_BITS) | us, Ordering::Relaxed);
+        let packed = (1 << LATENCY_SUM_BITS) | us;
+        self.latency.fetch_add(packed, Ordering::Relaxed);
+        self.by_slot[slot.index()].fetch_add(packed, Ordering::Relaxed);
     }
 
     /// Records the utilisation the upstream reported with an answer (in-flight over its
@@ -168,9 +175,13 @@ impl PressureGauge {
     /// Updates the controller with what was observed since the last tick; returns the
     /// pressure at the current in-flight count.
     pub fn tick(&self, now: Instant) -> f64 {
-        let (count, sum_us) = unpack(self.latency.swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
+        self.latency.store(0, Ordering::Relaxed);
+        let windows: [LatencyWindow; SLOTS] = std::array::from_fn(|i| {
+            let (count, sum_us) =
+                unpack(self.by_slot[i].swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
+            LatencyWindow { count, sum_us }
+        });
         let (seen, sum) = unpack(self.observed.swap(0, Ordering::Relaxed), OBSERVED_SUM_BITS);
-        let latency = LatencyWindow { count, sum_us };
         let observed = InflightWindow { count: seen, sum };
         let (count, sum_millionths) =
             unpack(self.reports.swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
@@ -180,7 +191,7 @@ impl PressureGauge {
         };
         let inflight = self.inflight();
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
-        let out = c.update(now, inflight, observed, latency, reports);
+        let out = c.update_slots(now, inflight, observed, &windows, reports);
         self.output.store(std::sync::Arc::new(out));
         self.capacity.store(out.capacity(), Ordering::Relaxed);
         out.pressure(inflight)

@@ -37,6 +37,7 @@
 
 mod constants;
 mod controller;
+pub mod costs;
 mod gauge;
 pub mod noload;
 mod output;
@@ -60,6 +61,7 @@ pub use constants::{
     UNWIND_GAIN,
 };
 pub use controller::{Controller, ControllerState};
+pub use costs::CostSlot;
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
 pub use output::{InflightWindow, LatencyWindow, Output};
 pub use report::{MAX_REPORT, REPORT_STALE, ReportWindow};

@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 
 use crate::BoxError;
 use crate::pressure::InflightGuard;
-use crate::upstream::{BodyProgress, BodyReadTimeout};
+use crate::upstream::{BodyProgress, BodyReadTimeout, ClientBodyError};
 
 type Inner = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
@@ -61,7 +61,18 @@ impl HttpBody for TimedBody {
             if frame.is_none() || this.inner.is_end_stream() {
                 this.progress.finish();
             }
-            return Poll::Ready(frame);
+            // The client's own framing fault (a malformed chunk, a connection cut mid-body)
+            // is named as such, so that the upstream call it aborts is not blamed on the
+            // upstream (`Proxy::classify`); the body limit keeps its own error (413).
+            return Poll::Ready(frame.map(|f| {
+                f.map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        e
+                    } else {
+                        Box::new(ClientBodyError(e)) as BoxError
+                    }
+                })
+            }));
         }
         match this.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.limit))))),

@@ -76,7 +76,9 @@ where
                 // budget share and the stream's in-flight count are freed now, and the wait
                 // is a latency sample as slow as the limit.
                 drop(guard);
-                shared.pressure.record_latency(limit);
+                shared
+                    .pressure
+                    .record_latency(snapshot.policy.cost_slot(stream), limit);
                 return reject(
                     &snapshot,
                     stream,
@@ -95,10 +97,16 @@ where
     match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
             shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
-            // An upstream 5xx is often fast (a failing dependency, a 503 of its own) and
-            // says nothing about how long served requests take: not a latency sample.
-            if !response.status().is_server_error() {
-                shared.pressure.record_latency(*latency);
+            // Only an answer that served the request measures how long serving takes. A 5xx
+            // is often fast (a failing dependency, a 503 of its own), and so is a 4xx (a
+            // signature or token refused once the body is read): one fast 401 after a quiet
+            // spell took the learned no-load latency from 21.5 to 1.5 ms (docs/pressure.md
+            // "Samples"). Neither is a latency sample.
+            let status = response.status();
+            if status.is_success() || status.is_redirection() {
+                shared
+                    .pressure
+                    .record_latency(snapshot.policy.cost_slot(stream), *latency);
             }
             if let Some(field) = &shared.settings.load_report {
                 read_load_report(&shared, m.global(), response.headers(), field);
@@ -106,9 +114,18 @@ where
             m.global().observe_latency(*latency);
             m.request(stream, Outcome::Forwarded);
         }
+        Some(UpstreamOutcome::AnsweredEarly) => {
+            shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
+            if let Some(field) = &shared.settings.load_report {
+                read_load_report(&shared, m.global(), response.headers(), field);
+            }
+            m.request(stream, Outcome::Forwarded);
+        }
         Some(UpstreamOutcome::TimedOut { after }) => {
             // A timeout is overload: it counts as a sample at least as slow as the timeout.
-            shared.pressure.record_latency(*after);
+            shared
+                .pressure
+                .record_latency(snapshot.policy.cost_slot(stream), *after);
             m.global()
                 .proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
             m.request(stream, Outcome::UpstreamError);

@@ -67,7 +67,7 @@ where
             return reject(&snapshot, stream, rejection);
         }
         Ok(Err(e)) => {
-            let rejection = Rejection::BadRequest(format!("request body: {e}"));
+            let rejection = Rejection::BadBody(format!("request body: {e}"));
             return reject(&snapshot, stream, rejection);
         }
         Ok(Ok(collected)) => collected.to_bytes(),
@@ -81,7 +81,20 @@ where
         .iter()
         .map(http::HeaderValue::as_bytes)
         .collect();
-    let readable = match decoded(&codings, &bytes, settings.max_body) {
+    // A `Content_Encoding` twin is a second reading of the coding (a CGI upstream reads it
+    // as the header itself): the body's facts are unreadable, never read one way.
+    let twin_coding = parts
+        .headers
+        .keys()
+        .any(|k| crate::extract::headers::is_twin(k.as_str(), b"content-encoding"));
+    let decoded = if twin_coding {
+        Err(DecodeError::Unreadable(
+            "Content-Encoding stated twice (an underscore twin)".into(),
+        ))
+    } else {
+        decoded(&codings, &bytes, settings.max_body)
+    };
+    let readable = match decoded {
         Ok(readable) => readable,
         Err(DecodeError::TooLarge { limit }) => {
             return reject(&snapshot, stream, Rejection::PayloadTooLarge { limit });
@@ -109,7 +122,7 @@ where
     }
     let sheddable = stream
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
-    if facts.ambiguous {
+    if facts.ambiguous || twin_coding {
         m.unreadable(stream, route, Fact::Ambiguous);
     }
     if sheddable {

@@ -19,7 +19,7 @@ const MAX_STREAM_LEN: usize = 128;
 /// (`known: None`) until the body is read.
 pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &HeaderName) -> Reading {
     let headers = req.headers();
-    let content_type = read_one(headers, http::header::CONTENT_TYPE);
+    let content_type = read_one(headers, &http::header::CONTENT_TYPE);
     // The route (a path prefix) says how to read the request; without one, the stream
     // header and the stream's own pointers.
     let route = policy.route_index(&route_path(req.uri().path())).map(|i| {

@@ -35,6 +35,10 @@ pub enum UpstreamOutcome {
         /// Time from sending to response headers.
         latency: Duration,
     },
+    /// The upstream answered before the request body had been sent whole (a 401 or 413
+    /// decided from the head, envoy#2929): forwarded, but not a latency sample, since the
+    /// upstream did not do the request's work (docs/pressure.md "Samples").
+    AnsweredEarly,
     /// The upstream did not answer within the timeout: an overload signal.
     TimedOut {
         /// The timeout that elapsed.
@@ -85,10 +89,46 @@ pub enum HostHeader {
     Upstream,
 }
 
+/// How header names are written on the upstream leg (`--upstream-header-case`). HTTP field
+/// names are case-insensitive (RFC 9110 section 5.1), but receivers that compare them
+/// literally exist (authentik#25410, haproxy#462, go#21868), so by default each name goes out
+/// as the sender wrote it, as nginx forwards it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderCase {
+    /// Each name as the sender wrote it (hyper's `preserve_header_case` on both legs); names
+    /// the proxy adds (`X-Forwarded-For`, `Forwarded`, `Host`) in title case. Answers reach
+    /// the client with the upstream's case too.
+    #[default]
+    Preserve,
+    /// Every name title-cased (`Webhook-Signature`), whatever the sender wrote.
+    Title,
+    /// Every name in lower case (`webhook-signature`), as HTTP/2 writes them.
+    Lower,
+}
+
 /// The request body was not received within the body read timeout.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("request body not received within {0:?}")]
 pub struct BodyReadTimeout(pub Duration);
+
+/// The client's request body failed while it streamed to the upstream: a malformed chunk (a
+/// `+5` size, a bare LF, a size that overflows), or a connection cut mid-body. The client's
+/// fault, answered 400 (bun PR #26931, pound#19): never a 502, never an upstream error, never
+/// a latency sample; the upstream's request is aborted before its final chunk.
+#[derive(Debug, thiserror::Error)]
+#[error("request body: {0}")]
+pub struct ClientBodyError(pub BoxError);
 
 /// Where requests go and how long they may take.
 #[derive(Debug, Clone)]
@@ -110,7 +150,8 @@ impl Proxy {
     /// A proxy to `upstream` (an `http://` URL; a path is a prefix for every request path).
     /// `timeout` bounds the wait for response headers once the request body has been sent.
     /// `body_limit` is only reported in 413s; `host` says how `Host` is forwarded; peers in
-    /// `trusted` keep their forwarding headers (see [`add_forwarding_headers`]).
+    /// `trusted` keep their forwarding headers (see [`add_forwarding_headers`]); `case` says
+    /// how header names are written upstream.
     pub fn new(
         upstream: &Uri,
         timeout: Duration,
@@ -118,6 +159,7 @@ impl Proxy {
         body_limit: u64,
         host: HostHeader,
         trusted: &[IpNet],
+        case: HeaderCase,
     ) -> Self {
         let prefix = upstream.path().trim_end_matches('/').to_owned();
         let authority = upstream
@@ -132,7 +174,7 @@ impl Proxy {
         }
         .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         Proxy {
-            pool: pool::Pool::new(authority.host(), port, connect_timeout),
+            pool: pool::Pool::new(authority.host(), port, connect_timeout, case),
             host_header,
             authority,
             path_prefix: prefix.into(),
@@ -240,13 +282,19 @@ impl Proxy {
             }
             Ok(Err(e)) => failed(self.classify(&e)),
             Ok(Ok(response)) => {
-                let latency = sent().map_or(Duration::ZERO, |t| t.max(started).elapsed());
+                // An answer that came before the body ended is not a latency sample: the
+                // body is sent whole before any answer the upstream gives after reading it.
+                let outcome = match sent() {
+                    Some(t) => UpstreamOutcome::Answered {
+                        latency: t.max(started).elapsed(),
+                    },
+                    None => UpstreamOutcome::AnsweredEarly,
+                };
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 let mut r =
                     Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
-                r.extensions_mut()
-                    .insert(UpstreamOutcome::Answered { latency });
+                r.extensions_mut().insert(outcome);
                 r
             }
         }
@@ -264,6 +312,9 @@ impl Proxy {
                 return Rejection::PayloadTooLarge {
                     limit: self.body_limit,
                 };
+            }
+            if err.is::<ClientBodyError>() {
+                return Rejection::BadBody(err.to_string());
             }
             source = err.source();
         }
@@ -287,10 +338,12 @@ fn failed(rejection: Rejection) -> Response<Body> {
 }
 
 /// Hop-by-hop headers that never cross a proxy (RFC 9110 section 7.6.1, plus the legacy
-/// `Keep-Alive` and `Proxy-Connection`, and `TE`/`Trailer`/`Transfer-Encoding`/`Upgrade`).
+/// `Keep-Alive` and `Proxy-Connection`, and `TE`/`Trailer`/`Transfer-Encoding`/`Upgrade`), and
+/// `HTTP2-Settings`, which belongs to the connection an h2c upgrade would make (RFC 7540
+/// section 3.2.1) and is meaningless without that `Upgrade` (go#80416: it reached upstreams).
 /// Names built at compile time: removing them parses nothing per request (parsing the nine
 /// names twice per request was about 1% of the proxy's CPU, README "Benchmarks").
-pub const HOP_BY_HOP: [HeaderName; 9] = [
+pub const HOP_BY_HOP: [HeaderName; 10] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -300,6 +353,7 @@ pub const HOP_BY_HOP: [HeaderName; 9] = [
     header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    HeaderName::from_static("http2-settings"),
 ];
 
 /// Where `name` (lowercase, as `HeaderName` holds it) is in [`HOP_BY_HOP`].
@@ -314,6 +368,7 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
         "trailer" => 6,
         "transfer-encoding" => 7,
         "upgrade" => 8,
+        "http2-settings" => 9,
         _ => return None,
     })
 }
@@ -422,6 +477,34 @@ fn forwarding_index(name: &str) -> Option<usize> {
     })
 }
 
+/// Removes underscore twins of the forwarding headers (`X_Forwarded_For` beside
+/// `X-Forwarded-For`; any name that reads as one of [`FORWARDING`] once `_` reads as `-`),
+/// from every peer, trusted ones included: a CGI or WSGI upstream reads a twin as the header
+/// itself (`HTTP_X_FORWARDED_FOR`), so a client's twin passed through an ingress that keeps
+/// underscores would stand beside the value shedgate sets (httpd PR #558, caddy#7808). Other
+/// underscore headers are left alone. A request without `_` in any name costs one scan of
+/// its names.
+fn remove_forwarding_twins(headers: &mut HeaderMap) {
+    if !headers
+        .keys()
+        .any(|k| k.as_str().as_bytes().contains(&b'_'))
+    {
+        return;
+    }
+    let twins: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            FORWARDING
+                .iter()
+                .any(|f| crate::extract::headers::is_twin(k.as_str(), f.as_str().as_bytes()))
+        })
+        .cloned()
+        .collect();
+    for name in twins {
+        headers.remove(name);
+    }
+}
+
 /// Sets the forwarding headers for a request from `client`.
 ///
 /// - From a trusted peer (`trusted`: a load balancer or ingress in `--trusted-proxies`), the
@@ -437,6 +520,7 @@ fn forwarding_index(name: &str) -> Option<usize> {
 /// earlier hops gets them without a copy (formatting them per request was about 1.8% of the
 /// proxy's CPU under the throughput harness, README "Benchmarks").
 pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trusted: bool) {
+    remove_forwarding_twins(headers);
     let present = present(headers, forwarding_index);
     if !trusted {
         remove(headers, &FORWARDING, present);
@@ -535,6 +619,23 @@ mod tests {
             h["forwarded"],
             "for=127.0.0.1;proto=http, for=\"[::1]\";proto=http"
         );
+    }
+
+    #[test]
+    fn underscore_twins_of_forwarding_headers_go_from_every_peer() {
+        for trusted in [true, false] {
+            let mut h = HeaderMap::new();
+            h.insert("x_forwarded_for", HeaderValue::from_static("10.9.9.9"));
+            h.insert("x_forwarded-proto", HeaderValue::from_static("https"));
+            h.insert("x-real_ip", HeaderValue::from_static("10.9.9.9"));
+            h.insert("x_fleet_tenant", HeaderValue::from_static("kept"));
+            add_forwarding_headers(&mut h, &client("127.0.0.1"), trusted);
+            for twin in ["x_forwarded_for", "x_forwarded-proto", "x-real_ip"] {
+                assert!(!h.contains_key(twin), "{twin} kept (trusted {trusted})");
+            }
+            assert_eq!(h["x_fleet_tenant"], "kept", "other underscore headers stay");
+            assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+        }
     }
 
     #[test]

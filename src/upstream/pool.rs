@@ -51,6 +51,11 @@ pub enum SendError {
     /// that is not HTTP/1.1, or the request body failed (its error is in the source chain).
     #[error(transparent)]
     Http(#[from] hyper::Error),
+    /// The upstream answered `101 Switching Protocols` though the proxy never asks it to
+    /// switch (`Upgrade` is hop-by-hop and never forwarded): the connection speaks something
+    /// else now, so it is closed and never pooled, and the client gets 502 (mitmproxy#2229).
+    #[error("the upstream switched protocols (101) unasked")]
+    UnsolicitedUpgrade,
 }
 
 struct Idle {
@@ -98,8 +103,21 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// A pool of connections to `host:port` (a name is resolved for every new connection),
-    /// each made within `connect_timeout`, with `TCP_NODELAY`.
-    pub fn new(host: &str, port: u16, connect_timeout: Duration) -> Self {
+    /// each made within `connect_timeout`, with `TCP_NODELAY`, writing header names as
+    /// `case` says.
+    pub fn new(host: &str, port: u16, connect_timeout: Duration, case: super::HeaderCase) -> Self {
+        let mut builder = Builder::new();
+        match case {
+            // A request's own names come from the case map hyper's server recorded; names
+            // without one (the proxy's own) fall back to title case.
+            super::HeaderCase::Preserve => {
+                builder.preserve_header_case(true).title_case_headers(true);
+            }
+            super::HeaderCase::Title => {
+                builder.title_case_headers(true);
+            }
+            super::HeaderCase::Lower => {}
+        }
         Pool(Arc::new(Shared {
             stack: Arc::default(),
             host: host
@@ -108,7 +126,7 @@ impl Pool {
                 .to_owned(),
             port,
             connect_timeout,
-            builder: Builder::new(),
+            builder,
         }))
     }
 
@@ -127,6 +145,10 @@ impl Pool {
                 None => (self.connect().await?, false),
             };
             match sender.try_send_request(req).await {
+                // The sender is dropped with the answer: that connection is never reused.
+                Ok(response) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    return Err(SendError::UnsolicitedUpgrade);
+                }
                 Ok(response) => {
                     let stack = Arc::downgrade(&self.stack);
                     return Ok(response.map(|body| PooledBody {

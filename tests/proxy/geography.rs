@@ -229,3 +229,106 @@ fn oversized_regions_are_refused_before_they_cost_memory() {
         "{e}"
     );
 }
+
+/// pygeoapi#2010, gdal PR #3311: a region file whose `crs` names EPSG:4326 holds `[lat, lon]`
+/// and passed `check` and live reload, moving Berlin into the Gulf of Aden. Now `check`
+/// refuses it with the file, the feature and the advice to write `[lon, lat]`, and a live
+/// proxy keeps its policy.
+#[tokio::test]
+async fn a_region_file_naming_another_crs_is_refused_and_the_live_policy_stays() {
+    let berlin_lat_lon = r#"{"type":"FeatureCollection","crs":{"type":"name","properties":{"name":"urn:ogc:def:crs:EPSG::4326"}},
+        "features":[{"type":"Feature","properties":{"name":"Berlin"},"geometry":{"type":"Polygon",
+        "coordinates":[[[52.3,13.1],[52.3,13.8],[52.7,13.8],[52.7,13.1],[52.3,13.1]]]}}]}"#;
+    let areas =
+        "default_rank = 50\n[[areas]]\nname = \"berlin\"\nrank = 5\ngeojson = \"berlin.geojson\"\n";
+    let dir = PolicyDir::new(SEED_STREAMS, Some(BERLIN_AREA));
+    let upstream = MockUpstream::start().await;
+    let proxy = spawn_proxy(&upstream.url(), dir.path()).await;
+    let live = admin_get(&proxy, "/policy").await.json()["version"].clone();
+    std::fs::write(dir.path().join("berlin.geojson"), berlin_lat_lon).unwrap();
+    std::fs::write(dir.path().join("areas.toml"), areas).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for part in ["berlin.geojson", "the file", "EPSG::4326", "[lon, lat]"] {
+        assert!(err.contains(part), "{part} in {err}");
+    }
+    let reload = http::Request::post(format!("http://{}/reload", proxy.admin_addr))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    assert_eq!(send(reload).await.status, 422);
+    assert_eq!(admin_get(&proxy, "/policy").await.json()["version"], live);
+    // Written as RFC 7946 says, without the member, the same file is Berlin.
+    let fixed = berlin_lat_lon
+        .replace(
+            r#""crs":{"type":"name","properties":{"name":"urn:ogc:def:crs:EPSG::4326"}},"#,
+            "",
+        )
+        .replace("[52.3,13.1]", "[13.1,52.3]")
+        .replace("[52.3,13.8]", "[13.8,52.3]")
+        .replace("[52.7,13.8]", "[13.8,52.7]")
+        .replace("[52.7,13.1]", "[13.1,52.7]");
+    std::fs::write(dir.path().join("berlin.geojson"), fixed).unwrap();
+    let policy = policy::load_dir(dir.path()).unwrap().policy;
+    let (_, rank) = policy.area_at(52.52, 13.405);
+    assert_eq!(rank.get(), 5);
+}
+
+/// Event bodies are read the same way: a `crs` other than CRS84 on a Feature, its geometry or
+/// a FeatureCollection makes the coordinates unreadable (counted; the default rank), never
+/// read as `[lon, lat]`; a position with a third and fourth element is lon, lat.
+#[tokio::test]
+async fn event_bodies_naming_another_crs_have_no_readable_coordinates() {
+    let upstream = MockUpstream::start().await;
+    let proxy = spawn_proxy(&upstream.url(), &cases_policy()).await;
+    pin(&proxy, 0.75).await;
+    let now = now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let epsg = r#"{"type":"name","properties":{"name":"EPSG:4326"}}"#;
+    let send_body = |body: String| {
+        let url = format!("http://{}/ingest/geojson", proxy.proxy_addr);
+        async move {
+            let req = http::Request::post(url)
+                .header("x-stream", "sensor.reading")
+                .header("content-type", "application/geo+json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .unwrap();
+            send(req).await
+        }
+    };
+    // Berlin written [lon, lat] beside a crs that says otherwise: not believed either way.
+    let feature = |crs_at_feature: &str, crs_at_geometry: &str, position: &str| {
+        format!(
+            r#"{{"type":"Feature"{crs_at_feature},"geometry":{{"type":"Point"{crs_at_geometry},"coordinates":{position}}},"properties":{{"time":"{now}"}}}}"#
+        )
+    };
+    let on_feature = feature(&format!(r#","crs":{epsg}"#), "", "[13.405,52.52]");
+    let on_geometry = feature("", &format!(r#","crs":{epsg}"#), "[13.405,52.52]");
+    let collection = format!(
+        r#"{{"type":"FeatureCollection","crs":{epsg},"features":[{}]}}"#,
+        feature("", "", "[13.405,52.52]")
+    );
+    for body in [on_feature, on_geometry, collection] {
+        let a = send_body(body.clone()).await;
+        assert_eq!(a.status, 503, "{body}");
+        assert_eq!(a.json()["rank"], 50, "{body}");
+    }
+    let unreadable = metric(
+        &scrape(&proxy).await,
+        "shedgate_unreadable_facts_total",
+        &[("fact", "coordinates")],
+    );
+    assert_eq!(unreadable, 3.0);
+    // Altitude and a measure after [lon, lat]: Berlin, rank 5, kept at 0.75.
+    let a = send_body(feature("", "", "[13.405,52.52,34.5,7]")).await;
+    assert_eq!(a.status, 200);
+    // So is a CRS84 name.
+    let crs84 = r#"{"type":"name","properties":{"name":"urn:ogc:def:crs:OGC:1.3:CRS84"}}"#;
+    let a = send_body(feature(&format!(r#","crs":{crs84}"#), "", "[13.405,52.52]")).await;
+    assert_eq!(a.status, 200);
+}

@@ -39,6 +39,7 @@ async fn harness_all_rank_5_with(factor: f64, service_ms: u64, idle_s: u64) -> (
         lat,
         lon,
         rank,
+        service: None,
     }];
     // An idle phase only when asked for: even an empty phase draws the first arrival's gap,
     // which would shift every later arrival of the runs without one.

@@ -9,6 +9,7 @@ mod fuzz;
 mod geography;
 #[cfg(feature = "demo")]
 mod harness;
+mod held;
 mod keepalive;
 mod lifecycle;
 mod load_report;
@@ -21,6 +22,9 @@ mod replicas;
 #[cfg(feature = "demo")]
 mod scenarios;
 mod schedules;
+mod signals;
+#[cfg(feature = "demo")]
+mod stream_costs;
 mod support;
 
 use std::time::Duration;

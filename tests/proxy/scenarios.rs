@@ -426,6 +426,7 @@ async fn all_traffic_in_one_priority_area_is_still_held_full() {
             lat,
             lon,
             rank,
+            service: None,
         };
         1
     ];

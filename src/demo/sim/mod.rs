@@ -28,7 +28,8 @@ mod scenario;
 
 pub use figures::{Figures, recovery_seconds};
 pub use scenario::{
-    BANDS, MIX, Replicas, Scenario, Second, SimEvent, Spread, band, geographic_events, run_scenario,
+    BANDS, MIX, Replicas, Scenario, Second, SimEvent, Spread, band, geographic_events,
+    run_scenario, run_scenario_phased,
 };
 
 /// A service-time distribution.
@@ -204,6 +205,16 @@ impl Simulator {
     /// # Errors
     /// [`Failed`] at once, in a failure phase (by arrival time), for its share of requests.
     pub async fn serve(&self) -> Result<(), Failed> {
+        self.serve_for(None).await
+    }
+
+    /// [`Simulator::serve`] for a request whose work is `service` at full speed (`None`: a
+    /// draw from the simulator's distribution): streams whose requests cost different work
+    /// (a position stored in 10 ms, a geofence transition evaluated in 200 ms).
+    ///
+    /// # Errors
+    /// As [`Simulator::serve`].
+    pub async fn serve_for(&self, service: Option<Duration>) -> Result<(), Failed> {
         let now = Instant::now();
         let (u, fail) = {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
@@ -220,7 +231,8 @@ impl Simulator {
             };
             let start = (*first).max(now);
             let slowdown = self.phase_at(start).slowdown.max(0.0);
-            *first = start + self.service.sample(u).mul_f64(slowdown);
+            let work = service.unwrap_or_else(|| self.service.sample(u));
+            *first = start + work.mul_f64(slowdown);
             *first
         };
         self.pending_at(now).push(std::cmp::Reverse(done));

@@ -27,6 +27,8 @@ pub struct SimEvent {
     pub lon: f64,
     /// Its rank under the policy.
     pub rank: Rank,
+    /// The upstream's work for it at full speed (`None`: the simulator's distribution).
+    pub service: Option<Duration>,
 }
 
 /// Rank bands a report splits sheds by: priority (1–10), important (11–30), default (31–50),
@@ -201,6 +203,21 @@ pub async fn run_scenario(
     policy: &Arc<Policy>,
     events: &[SimEvent],
 ) -> Vec<Second> {
+    let phases = vec![events; scenario.load.len()];
+    run_scenario_phased(scenario, sim, policy, &phases).await
+}
+
+/// [`run_scenario`] with each load phase's arrivals drawn from its own events (`events[i]` for
+/// `scenario.load[i]`): a stream mix that shifts between phases.
+///
+/// # Panics
+/// When `events` has fewer entries than the scenario has phases, or one is empty.
+pub async fn run_scenario_phased(
+    scenario: &Scenario,
+    sim: &Arc<Simulator>,
+    policy: &Arc<Policy>,
+    events: &[&[SimEvent]],
+) -> Vec<Second> {
     let total: Duration = scenario.load.iter().map(|(d, _)| *d).sum();
     let seconds = usize::try_from(total.as_secs()).unwrap_or(0) + 2;
     let report = Arc::new(Mutex::new(vec![Second::default(); seconds]));
@@ -257,7 +274,8 @@ pub async fn run_scenario(
     let mut tasks = Vec::new();
     let wall = UnixMillis(1_780_000_000_000);
     let mut phase_start = Instant::now();
-    for &(duration, factor) in &scenario.load {
+    for (phase, &(duration, factor)) in scenario.load.iter().enumerate() {
+        let events = events[phase];
         let rate = sim.capacity() * factor;
         let end = phase_start + duration;
         let mut at = phase_start;
@@ -326,13 +344,14 @@ pub async fn run_scenario(
             if !admitted {
                 continue;
             }
+            let slot = policy.cost_slot(event.stream);
             let (gauge, sim, report) = (Arc::clone(&gauge), Arc::clone(sim), Arc::clone(&report));
             let timeout = scenario.timeout;
             let load_reports = scenario.load_reports;
             tasks.push(tokio::spawn(async move {
                 let _inflight = gauge.start();
                 let began = Instant::now();
-                let outcome = tokio::time::timeout(timeout, sim.serve()).await;
+                let outcome = tokio::time::timeout(timeout, sim.serve_for(event.service)).await;
                 let done = Instant::now();
                 let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(s) = r.get_mut(second_of(done)) else {
@@ -341,7 +360,7 @@ pub async fn run_scenario(
                 match outcome {
                     Ok(Ok(())) => {
                         let latency = done - began;
-                        gauge.record_latency(latency);
+                        gauge.record_latency(slot, latency);
                         if load_reports {
                             gauge.record_load_report(sim.utilisation());
                         }
@@ -358,7 +377,7 @@ pub async fn run_scenario(
                     }
                     Err(_) => {
                         // A timeout is overload, not a fast sample.
-                        gauge.record_latency(timeout);
+                        gauge.record_latency(slot, timeout);
                         s.failed += 1;
                         s.never_failed += u64::from(event.never);
                     }
@@ -412,6 +431,7 @@ pub fn geographic_events(
                 lat: place.lat,
                 lon: place.lon,
                 rank,
+                service: None,
             }
         })
         .collect()

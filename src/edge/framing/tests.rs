@@ -14,6 +14,8 @@ fn verdicts(stream: &[u8], split_every: usize) -> Vec<Option<String>> {
 
 fn head_verdicts(stream: &[u8], split_every: usize, max_line: usize) -> Vec<Option<HeadVerdict>> {
     let mut t = Tracker {
+        sniffed: None,
+        first: ([0; 12], 0),
         max_line,
         phase: Phase::Head,
         pending: Vec::new(),
@@ -86,6 +88,8 @@ fn header_lines_over_the_limit_are_flagged() {
 #[test]
 fn progress_counts_requests_received_whole() {
     let tracker = Verdicts(Arc::new(Mutex::new(Tracker {
+        sniffed: None,
+        first: ([0; 12], 0),
         max_line: usize::MAX,
         phase: Phase::Head,
         pending: Vec::new(),
@@ -189,4 +193,72 @@ fn the_case_file() {
     let v = verdicts(raw, 11);
     assert!(v[0].is_some());
     assert_eq!(v.len(), 2);
+}
+
+/// The first bytes of a connection say whether it speaks another protocol, however they are
+/// split across reads; a plain request, or a method that merely starts like one, does not.
+#[test]
+fn first_bytes_tell_an_http2_preface_or_a_tls_hello_however_split() {
+    let hello = [
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ];
+    let cases: [(&[u8], Option<WrongProtocol>); 4] = [
+        (
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            Some(WrongProtocol::Http2Preface),
+        ),
+        (&hello, Some(WrongProtocol::TlsClientHello)),
+        (b"POST /a HTTP/1.1\r\nHost: x\r\n\r\n", None),
+        (b"PRIVATE / HTTP/1.1\r\nHost: x\r\n\r\n", None),
+    ];
+    for (bytes, expected) in cases {
+        for split in [1, 2, 5, 64] {
+            let (mut guard, verdicts) = FramingGuard::new((), usize::MAX);
+            let _ = &mut guard;
+            for chunk in bytes.chunks(split) {
+                verdicts.0.lock().unwrap().feed(chunk);
+            }
+            assert_eq!(
+                verdicts.wrong_protocol(),
+                expected,
+                "{bytes:?} split {split}"
+            );
+        }
+    }
+    assert_eq!(sniff(b"PRI"), None, "too few bytes to tell");
+    assert_eq!(sniff(&[0x16]), None);
+    assert_eq!(sniff(&[0x16, 0x41]), Some(None));
+}
+
+/// A chunk-size line hyper refuses (a `+` sign, a bare LF, more hex digits than a u64 holds)
+/// is one the guard stops following, never one it reads another way.
+#[test]
+fn chunk_size_lines_hyper_refuses_are_not_followed() {
+    for line in [
+        &b"+5\r\n"[..],
+        b"5\n",
+        b"10000000000000000\r\n",
+        b"\r\n",
+        b"0x5\r\n",
+    ] {
+        let mut stream =
+            b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        stream.extend_from_slice(line);
+        let tracker = Verdicts(Arc::new(Mutex::new(Tracker {
+            sniffed: None,
+            first: ([0; 12], 0),
+            max_line: usize::MAX,
+            phase: Phase::Head,
+            pending: Vec::new(),
+            verdicts: VecDeque::new(),
+            complete: 0,
+        })));
+        tracker.0.lock().unwrap().feed(&stream);
+        assert_eq!(
+            tracker.progress(),
+            Progress::Unknown,
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
 }

@@ -24,7 +24,7 @@ fn controller() -> Controller {
 /// A gauge with one 20 ms answer waiting for its next tick.
 fn answered_gauge() -> PressureGauge {
     let gauge = PressureGauge::new(config());
-    gauge.record_latency(Duration::from_millis(20));
+    gauge.record_latency(crate::pressure::CostSlot::NONE, Duration::from_millis(20));
     gauge
 }
 

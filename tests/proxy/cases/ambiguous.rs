@@ -291,3 +291,76 @@ async fn oversized_header_lines_and_heads_get_431() {
     );
     assert_eq!(exchange(&s.proxy, fine.as_bytes()).await.status, 200);
 }
+
+/// httpd PR #558, caddy#7808: `X_Stream` beside `X-Stream` is the same header to a CGI or WSGI
+/// upstream. Before, the twin was ignored and the request shed as the dash form said; now the
+/// stream is ambiguous, so unknown: forwarded at 0.99 with both lines, and counted. A twin
+/// that agrees is one statement; a twin alone is ambiguous too.
+#[tokio::test]
+async fn case_underscore_stream_twin() {
+    let s = setup().await;
+    let case = "faults/underscore-stream-twin.http";
+    let r = assert_forwarded(&s, case, 0.99).await;
+    assert_eq!(r.headers["x-stream"], "vehicle.position");
+    assert_eq!(r.headers["x_stream"], "geofence.transition");
+    assert_eq!(ambiguous_count(&s).await, 1.0);
+    let text = String::from_utf8(render(case)).unwrap();
+    let agreeing = text.replace(
+        "X_Stream: geofence.transition",
+        "X_Stream: vehicle.position",
+    );
+    pin(&s.proxy, 0.99).await;
+    assert_eq!(exchange(&s.proxy, agreeing.as_bytes()).await.status, 503);
+    let alone = text.replace("X-Stream: vehicle.position\r\n", "");
+    let alone = alone.replace(
+        "X_Stream: geofence.transition",
+        "X_Stream: vehicle.position",
+    );
+    assert_forwarded_bytes(&s, case, alone.as_bytes(), 0.99).await;
+    assert_eq!(ambiguous_count(&s).await, 2.0);
+}
+
+/// A twin of a header a fact is read from in the body's format (CloudEvents binary mode's
+/// `ce-time`) makes that fact unreadable: an old time beside a fresh twin is not stale.
+#[tokio::test]
+async fn an_underscore_twin_of_a_time_header_makes_the_time_unreadable() {
+    let s = setup().await;
+    let old = rfc3339(now_utc() - time::Duration::seconds(600), false) + "Z";
+    let now = rfc3339(now_utc(), false) + "Z";
+    let body = r#"{"lat":52.52,"lon":13.4049}"#;
+    let head = format!(
+        "ce-specversion: 1.0\r\nce-type: com.example.fleet.position\r\nce-source: /fleet\r\n\
+         ce-id: 1\r\nce-time: {old}\r\nce_time: {now}\r\nContent-Type: application/json\r\n"
+    );
+    let bytes = post_raw("/ingest/ce", &head, body);
+    let r = assert_forwarded_bytes(&s, "ce-time twin", bytes.as_bytes(), 0.3).await;
+    assert_eq!(r.headers["ce_time"], now.as_str(), "forwarded unchanged");
+    assert_eq!(ambiguous_count(&s).await, 1.0);
+}
+
+/// Twins of the forwarding headers are removed from every peer, trusted ones included: a
+/// WSGI upstream would read `X_Forwarded_For` as `X-Forwarded-For`. Other underscore headers
+/// pass.
+#[tokio::test]
+async fn underscore_twins_of_forwarding_headers_never_reach_the_upstream() {
+    for trusted in [false, true] {
+        let upstream = MockUpstream::start().await;
+        let proxy = spawn_proxy_with(&upstream.url(), &cases_policy(), |a| {
+            if trusted {
+                a.trusted_proxies = Some(vec!["127.0.0.0/8".parse().unwrap()]);
+            }
+        })
+        .await;
+        let s = Setup { upstream, proxy };
+        let head = "X-Stream: geofence.transition\r\nX_Forwarded_For: 203.0.113.9\r\n\
+                    X_Forwarded_Proto: https\r\nForwarded_: x\r\nX_Fleet_Tenant: acme\r\n";
+        let bytes = post_raw("/ingest", head, r#"{"lat":1,"lon":2}"#);
+        let r = assert_forwarded_bytes(&s, "twins", bytes.as_bytes(), 0.0).await;
+        for twin in ["x_forwarded_for", "x_forwarded_proto"] {
+            assert!(!r.headers.contains_key(twin), "{twin} (trusted {trusted})");
+        }
+        assert_eq!(r.headers["x-forwarded-for"], "127.0.0.1");
+        assert_eq!(r.headers["x_fleet_tenant"], "acme");
+        assert_eq!(r.headers["forwarded_"], "x", "not a twin of any name");
+    }
+}

@@ -1,6 +1,7 @@
 //! `formats/`: real senders' bodies and protocols, read as the proxy's presets say.
 
 use super::*;
+use std::time::Duration;
 
 /// The shed response names `stream`, read its time (an age) and its place (`rank`).
 fn assert_explained(a: &RawAnswer, stream: &str, rank: u64) {
@@ -339,4 +340,60 @@ async fn implausible_times_are_not_believed() {
         ),
         3.0
     );
+}
+
+/// authentik#25410, haproxy#462, go#21868: every forwarded header name went out in lower
+/// case. Now each name goes out as the sender wrote it (the case file's `Webhook-Id:`,
+/// `X-Fleet-Tenant:`), and the names the proxy adds in their conventional case; with
+/// `--upstream-header-case title` or `lower`, as named.
+#[tokio::test]
+async fn format_header_case() {
+    let upstream = RawUpstream::start(|_| RawReply::AfterBody(OK_EMPTY, Duration::ZERO)).await;
+    let policy = PolicyDir::seed();
+    let send_case = |proxy: shedgate::app::Running| async move {
+        let bytes = render("formats/header-case.http");
+        let mut tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+        tcp.write_all(&bytes).await.unwrap();
+        let head = read_head(&mut tcp).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        drop(proxy);
+    };
+    let last_head = || upstream.requests().last().unwrap().head.clone();
+    send_case(spawn_proxy(&upstream.url(), policy.path()).await).await;
+    let head = last_head();
+    for name in [
+        "Webhook-Id: msg_2bVf8kQ1",
+        "X-Fleet-Tenant: Acme-North",
+        "X-Stream: geofence.transition",
+        "Content-Type: application/json",
+        "Host: ingest.example.test",
+        "X-Forwarded-For: 127.0.0.1",
+        "X-Forwarded-Proto: http",
+        "Forwarded: for=127.0.0.1;proto=http",
+    ] {
+        assert!(
+            head.contains(&format!("\r\n{name}\r\n")),
+            "{name} in {head}"
+        );
+    }
+    use shedgate::upstream::HeaderCase;
+    for (case, expected) in [
+        (HeaderCase::Title, "Webhook-Id:"),
+        (HeaderCase::Lower, "webhook-id:"),
+    ] {
+        let flag = format!("{case:?}");
+        let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+            a.upstream_header_case = Some(case);
+        })
+        .await;
+        send_case(proxy).await;
+        assert!(last_head().contains(expected), "{flag}: {}", last_head());
+        assert_eq!(
+            last_head().contains("X-Fleet-Tenant:"),
+            case == HeaderCase::Title,
+            "{flag}: {}",
+            last_head()
+        );
+    }
+    assert!(last_head().contains("x-fleet-tenant: Acme-North"));
 }

@@ -363,3 +363,15 @@ async fn case_odd_formatting_signed() {
     let body_start = sent.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
     assert_eq!(r.body, &sent[body_start..], "byte-identical body");
 }
+
+/// go#80416: an h2c upgrade request is served as HTTP/1.1 (never 101) and forwarded at 1.0
+/// without `Upgrade` or `HTTP2-Settings`, which belong to the connection an upgrade would make.
+#[tokio::test]
+async fn case_h2c_upgrade() {
+    let s = setup().await;
+    let r = assert_forwarded(&s, "faults/h2c-upgrade.http", 1.0).await;
+    for h in ["upgrade", "http2-settings", "connection"] {
+        assert!(!r.headers.contains_key(h), "{h} reached the upstream");
+    }
+    assert_eq!(r.headers["x-stream"], "geofence.transition");
+}
