@@ -69,6 +69,7 @@ fn bench(c: &mut Criterion) {
                 pressure,
                 black_box(0.3),
                 &admission::Load::IDLE,
+                None,
             );
             snapshot.metrics.shed(stream, d.area, d.verdict);
             snapshot
@@ -111,6 +112,51 @@ fn bench(c: &mut Criterion) {
     let rank = policy::Rank::new(50).unwrap();
     c.bench_function("part/curve", |b| {
         b.iter(|| black_box(curve.shed_probability(black_box(rank), black_box(pressure))));
+    });
+
+    // A device's history, looked up and recorded as a decision of a device's fix does, in a
+    // table of 1 million devices (docs/decision.md "Devices"): the device's id keyed (SipHash
+    // of scope and id), one shard locked and one set scanned, twice.
+    let table = shedgate::devices::DeviceTable::new(1 << 20, now);
+    let ids: Vec<String> = (0..1_000_000u32).map(|i| format!("veh-{i:07}")).collect();
+    let kept = admission::Decision::shed_by(admission::ShedReason::Pressure, &policy, pressure);
+    let kept = admission::Decision {
+        credit: Some(0.5),
+        ..kept
+    };
+    for id in &ids {
+        table.record(extract::DeviceId::of("vehicle.position", id), now, &kept);
+    }
+    #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
+    let mib = |b: usize| b as f64 / f64::from(1 << 20);
+    println!(
+        "device table: {} devices in {:.1} MiB (at most {:.1} MiB), {} evicted",
+        table.len(),
+        mib(table.bytes()),
+        mib(table.max_bytes()),
+        table.evictions()
+    );
+    let mut i = 0usize;
+    c.bench_function("part/device-key", |b| {
+        b.iter(|| {
+            i = (i + 7919) % ids.len();
+            black_box(extract::DeviceId::of(
+                "vehicle.position",
+                black_box(&ids[i]),
+            ))
+        });
+    });
+    // What a device adds to a decision: its key, and its history looked up and the decision
+    // recorded under one lock (`DeviceTable::decide_with`), the decision itself aside.
+    c.bench_function("part/device-key-lookup-and-record-1m", |b| {
+        b.iter(|| {
+            i = (i + 7919) % ids.len();
+            let key = extract::DeviceId::of("vehicle.position", black_box(&ids[i]));
+            black_box(table.decide_with(key, now, |h| {
+                black_box(h);
+                kept
+            }))
+        });
     });
 
     // The upstream's load report, read per answer when `--load-report` is set.

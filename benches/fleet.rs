@@ -99,7 +99,9 @@ fn cases() -> Vec<Case> {
         .map(|spread| Case {
             name: match spread {
                 Spread::Random => "replica count 2 -> 8 -> 3 during 3x".into(),
-                Spread::RoundRobin => "replica count 2 -> 8 -> 3 during 3x, round robin".into(),
+                Spread::RoundRobin | Spread::ByDevice => {
+                    "replica count 2 -> 8 -> 3 during 3x, round robin".into()
+                }
             },
             load: vec![(5, 0.8), (15, 3.0), (5, 0.8)],
             replicas: Replicas {
@@ -124,6 +126,7 @@ fn cases() -> Vec<Case> {
                 let how = match spread {
                     Spread::RoundRobin => "",
                     Spread::Random => ", spread at random",
+                    Spread::ByDevice => ", by device",
                 };
                 cases.push(Case {
                     name: format!("{replicas} replicas, {factor}x{how}"),

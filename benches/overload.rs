@@ -129,7 +129,14 @@ async fn load(
             }
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
-            let body = shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now());
+            let body = shedgate::demo::event_body(
+                &mut rng,
+                ev.stream,
+                ev.lat,
+                ev.lon,
+                clock.now(),
+                None,
+            );
             let url = &urls[spread.pick(&mut turn, urls.len(), &mut rng)];
             let req = Request::post(url)
                 .header("x-stream", ev.stream)
@@ -368,6 +375,7 @@ async fn replicas(
         match spread {
             Spread::RoundRobin => "round robin",
             Spread::Random => "spread at random per request",
+            Spread::ByDevice => "by device",
         },
         if load_reports {
             "; load reports read (--load-report application_utilization)"

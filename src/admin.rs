@@ -35,6 +35,8 @@ pub struct AdminState {
     /// Set on SIGTERM: `/healthz` answers 503 so that readiness fails while traffic is
     /// still served (the shutdown delay).
     pub lame_duck: LameDuck,
+    /// What this replica remembers of each device.
+    pub devices: Arc<crate::devices::DeviceTable>,
 }
 
 /// The admin routes.
@@ -47,6 +49,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/policy", get(policy))
         .route("/reload", axum::routing::post(reload))
         .route("/stats", get(stats))
+        .route("/devices", get(device))
         .route(
             "/pressure",
             get(get_pressure).put(pin_pressure).delete(unpin_pressure),
@@ -231,6 +234,57 @@ async fn stats(State(s): State<AdminState>) -> Response {
         "policy_version": policy.version(),
     }))
     .into_response()
+}
+
+/// `GET /devices?route=PREFIX&id=ID` (or `?stream=NAME&id=ID` for a stream named by a header,
+/// read without a route): what this replica remembers of one device (docs/decision.md
+/// "Devices"): 200 with its history, 404 when it remembers none, 400 for a route or stream the
+/// live policy does not have. The id is keyed as requests key it, so the answer is about the
+/// device the table holds; the table is this replica's own.
+async fn device(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
+    let (mut route, mut stream, mut id) = (None, None, None);
+    for (k, v) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
+        match &*k {
+            "route" => route = Some(v.into_owned()),
+            "stream" => stream = Some(v.into_owned()),
+            "id" => id = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let snapshot = s.store.load();
+    let policy = &snapshot.policy;
+    let scope = match (&route, &stream) {
+        (Some(r), None) if policy.routes().iter().any(|x| x.prefix == *r) => r.clone(),
+        (None, Some(n)) if policy.stream(n).is_some() => n.clone(),
+        _ => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "Which device?",
+                "give id and either route (a route prefix of the live policy) or stream (a \
+                 stream it names)",
+            );
+        }
+    };
+    let Some(id) = id.filter(|i| !i.is_empty()) else {
+        return problem(StatusCode::BAD_REQUEST, "Which device?", "give id");
+    };
+    let key = crate::extract::DeviceId::of(&scope, &id);
+    match s.devices.view(key, s.store.sources().now()) {
+        Some(view) => Json(serde_json::json!({
+            "scope": scope,
+            "id": id,
+            "device": view,
+        }))
+        .into_response(),
+        None => problem(
+            StatusCode::NOT_FOUND,
+            "Device not remembered",
+            &format!(
+                "this replica remembers no device {id:?} of {scope:?} (never seen here, or \
+                 forgotten when its table was full)"
+            ),
+        ),
+    }
 }
 
 fn until_text(d: crate::policy::Disable) -> Option<String> {

@@ -55,6 +55,8 @@ pub struct Parts {
     pub metrics: Arc<Metrics>,
     /// Buffered body bytes (`--max-buffered-bytes`).
     pub buffers: Arc<BufferBudget>,
+    /// What this replica remembers of each device (`--max-devices`).
+    pub devices: Arc<crate::devices::DeviceTable>,
 }
 
 /// Builds the request stack, outermost layer first.
@@ -73,6 +75,7 @@ pub fn build_stack(
             Arc::clone(&parts.store),
             Arc::clone(&parts.pressure),
             Arc::clone(&parts.buffers),
+            Arc::clone(&parts.devices),
             AdmissionSettings {
                 stream_header: config.stream_header.clone(),
                 max_body: config.max_body,
@@ -165,6 +168,10 @@ pub async fn start_with(
         pressure: Arc::new(PressureGauge::new(config.controller)),
         metrics,
         buffers: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
+        devices: Arc::new(crate::devices::DeviceTable::new(
+            config.max_devices,
+            sources.now(),
+        )),
     };
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
@@ -211,6 +218,7 @@ pub async fn start_with(
         pressure: Arc::clone(&parts.pressure),
         metrics: Arc::clone(&parts.metrics),
         lame_duck: lame_duck.clone(),
+        devices: Arc::clone(&parts.devices),
     });
     tasks.push(tokio::spawn(serve::serve(
         admin_listener,
@@ -291,6 +299,12 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
             let (policy, now) = (&parts.store.load().policy, parts.store.sources().now());
             m.export_disabled(policy, now);
             m.export_schedules(policy, now);
+            #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
+            {
+                m.devices.set(parts.devices.len() as f64);
+                m.device_table_bytes.set(parts.devices.bytes() as f64);
+            }
+            m.device_evictions.absolute(parts.devices.evictions());
         }
         if upkeep >= 100 {
             upkeep = 0;

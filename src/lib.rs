@@ -38,6 +38,9 @@
 //!   [`policy::Policy`] with errors that name file, line and field.
 //! - [`admission`]: the pure decision — stream class, staleness, area rank, the shed curve,
 //!   budgets. Takes `now`, pressure and the random draw as arguments.
+//! - [`devices`]: the device table, what this replica remembers of each device (its credit,
+//!   report interval, last admitted and newest delivered fix): the history
+//!   [`admission::DeviceHistory`] its decisions read.
 //! - [`stats`] and [`metrics`]: the operational summary behind `/stats`, and metric names as
 //!   constants with descriptions and pre-registered handles.
 //! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically, and the
@@ -67,6 +70,7 @@ pub mod clock;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod devices;
 pub mod edge;
 pub mod extract;
 pub mod live;

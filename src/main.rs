@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use shedgate::admission;
 use shedgate::clock::{Sources, UnixMillis};
-use shedgate::config::{Config, ServeArgs};
+use shedgate::config::{Config, HumanDuration, ServeArgs};
 use shedgate::edge::rejection::Explanation;
 use shedgate::extract::{self, Coordinates, EventTime, Facts};
 use shedgate::policy;
@@ -43,7 +43,7 @@ enum Command {
         dir: PathBuf,
     },
     /// Print the decision for one event, and why.
-    Explain(ExplainArgs),
+    Explain(Box<ExplainArgs>),
     /// Draw the policy's shed curve: shed probability against area rank, one line per
     /// pressure, with the areas and default_rank marked (PNG or SVG).
     #[cfg(feature = "plot")]
@@ -88,6 +88,20 @@ struct ExplainArgs {
     /// The random draw in [0, 1) [default: 0.5, the median draw].
     #[arg(long, default_value_t = 0.5)]
     draw: f64,
+    /// The device's last admitted fix was this long ago (e.g. `40s`): decide as for a device
+    /// the table remembers (docs/decision.md "Devices").
+    #[arg(long, value_name = "DURATION")]
+    last_admitted: Option<HumanDuration>,
+    /// The device's report interval [default with a device: 5s].
+    #[arg(long, value_name = "DURATION")]
+    report_interval: Option<HumanDuration>,
+    /// The device's credit in [0, 1) [default with a device: the draw].
+    #[arg(long)]
+    credit: Option<f64>,
+    /// The event time of the device's newest delivered fix was this long ago: an event older
+    /// than that is superseded under pressure.
+    #[arg(long, value_name = "DURATION")]
+    newest_delivered: Option<HumanDuration>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -281,6 +295,35 @@ fn curve(args: &CurveArgs) -> ExitCode {
     }
 }
 
+/// The device history `explain` decides with, when a device flag is given.
+fn device_history(
+    args: &ExplainArgs,
+    now: UnixMillis,
+) -> Result<Option<admission::DeviceHistory>, String> {
+    if args.last_admitted.is_none()
+        && args.report_interval.is_none()
+        && args.credit.is_none()
+        && args.newest_delivered.is_none()
+    {
+        return Ok(None);
+    }
+    let credit = args.credit.unwrap_or(args.draw);
+    if !(0.0..1.0).contains(&credit) {
+        return Err(format!("--credit must be in [0, 1), got {credit}"));
+    }
+    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    Ok(Some(admission::DeviceHistory {
+        credit,
+        since_admitted_ms: args.last_admitted.map(|d| ms(d.0)),
+        interval_ms: Some(ms(args
+            .report_interval
+            .map_or(std::time::Duration::from_secs(5), |d| d.0))),
+        newest_delivered: args
+            .newest_delivered
+            .map(|d| UnixMillis(now.0.saturating_sub(ms(d.0)))),
+    }))
+}
+
 fn explain(args: &ExplainArgs) -> ExitCode {
     let fail = |msg: String| {
         eprintln!("error: {msg}");
@@ -334,6 +377,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             coordinates: Coordinates::new(lat, lon),
             time: EventTime::Missing,
             ambiguous: false,
+            device: None,
         },
         _ => return fail("give --body FILE or --lat and --lon".into()),
     };
@@ -343,6 +387,10 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         facts.time = EventTime::At(at);
     }
     let (pressure, schedule) = admission::schedule_floor(p, now, pressure);
+    let device = match device_history(args, now) {
+        Ok(d) => d,
+        Err(msg) => return fail(msg),
+    };
     let mut decision = admission::decide(
         p,
         stream,
@@ -351,6 +399,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         pressure,
         args.draw,
         &admission::Load::IDLE,
+        device,
     );
     decision.schedule = schedule;
     let name = stream.map(|id| p.stream_policy(id).name.as_str());
@@ -400,6 +449,24 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         println!(
             "schedule:    {name} is open: pressure raised from {} to its floor {}",
             args.pressure, e.pressure
+        );
+    }
+    if let Some(d) = &e.device {
+        let secs = |ms: i64| shedgate::clock::millis_to_secs(ms);
+        println!(
+            "device:      last admitted {} ago, reports every {}, credit {:.3}{}{}",
+            d.since_admitted_ms
+                .map_or("never".into(), |ms| format!("{:.1} s", secs(ms))),
+            d.interval_ms
+                .map_or("?".into(), |ms| format!("{:.1} s", secs(ms))),
+            d.credit,
+            decision
+                .credit
+                .map_or(String::new(), |c| format!(" -> {c:.3}")),
+            d.newest_delivered.map_or(String::new(), |t| format!(
+                ", newest delivered {:.1} s ago",
+                secs(now.since(t))
+            )),
         );
     }
     println!("probability: {:.3} (draw {})", e.probability, args.draw);

@@ -119,11 +119,15 @@ impl Drop for ActiveGuard {
 pub struct Window {
     /// Forwarded to the upstream.
     pub accepted: u64,
-    /// Shed, by reason (`disabled`, `stale`, `pressure`, `budget`).
+    /// Shed, by reason (`disabled`, `stale`, `superseded`, `pressure`, `budget`, `memory`).
     pub shed: std::collections::BTreeMap<&'static str, u64>,
     /// Shed in all.
     pub shed_total: u64,
-    /// `shed_total / (accepted + shed_total)`, 0 when nothing was seen.
+    /// Of them, stale and superseded: worthless events (their successors came), answered as
+    /// delivered.
+    pub superseded: u64,
+    /// The share of events that cost a delivery: `(shed_total - superseded) / (accepted +
+    /// shed_total - superseded)`, 0 when nothing was seen.
     pub shed_rate: f64,
 }
 
@@ -134,6 +138,9 @@ impl Window {
             let n = n.load(Ordering::Relaxed);
             *self.shed.entry(reason.as_str()).or_default() += n;
             self.shed_total += n;
+            if reason.superseded() {
+                self.superseded += n;
+            }
         }
         self.rate();
     }
@@ -144,16 +151,18 @@ impl Window {
             *self.shed.entry(k).or_default() += v;
         }
         self.shed_total += other.shed_total;
+        self.superseded += other.superseded;
         self.rate();
     }
 
     fn rate(&mut self) {
-        let seen = self.accepted + self.shed_total;
+        let lost = self.shed_total - self.superseded;
+        let seen = self.accepted + lost;
         #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
         let rate = if seen == 0 {
             0.0
         } else {
-            self.shed_total as f64 / seen as f64
+            lost as f64 / seen as f64
         };
         self.shed_rate = rate;
     }
@@ -226,13 +235,15 @@ mod tests {
         c.accepted(t0);
         c.shed(ShedReason::Pressure, t0);
         c.shed(ShedReason::Stale, UnixMillis(t0.0 + 30_000));
+        c.shed(ShedReason::Superseded, UnixMillis(t0.0 + 30_000));
         let w = c.window(UnixMillis(t0.0 + 30_000));
-        assert_eq!((w.accepted, w.shed_total), (1, 2));
-        assert!((w.shed_rate - 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!((w.accepted, w.shed_total, w.superseded), (1, 3, 2));
+        // Stale and superseded events cost no delivery: one shed of two that did.
+        assert!((w.shed_rate - 0.5).abs() < 1e-9);
         let later = c.window(UnixMillis(t0.0 + 75_000));
-        assert_eq!((later.accepted, later.shed_total), (0, 1));
+        assert_eq!((later.accepted, later.shed_total), (0, 2));
         let total = c.total();
-        assert_eq!((total.accepted, total.shed_total), (1, 2));
+        assert_eq!((total.accepted, total.shed_total), (1, 3));
         let g = c.start();
         assert_eq!(c.active.load(Ordering::Relaxed), 1);
         drop(g);

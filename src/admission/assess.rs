@@ -11,7 +11,7 @@ use super::summarise;
 use crate::extract::formats::media_type;
 use crate::extract::headers::{Stated, read_one};
 use crate::extract::time::parse_time_text;
-use crate::extract::{Coordinates, EventFacts, EventTime, Extractor, Facts};
+use crate::extract::{Coordinates, DeviceId, DeviceText, EventFacts, EventTime, Extractor, Facts};
 use crate::policy::{Policy, StreamId};
 
 /// What is known of a request before its body is read: the route that matched and its content
@@ -62,15 +62,16 @@ pub fn assess(
         .route
         .map(|(i, j)| policy.routes()[i].mode_at(j))
         .filter(|m| !m.stream_pointers);
-    let (extractor, time_header) = match (mode, stream) {
-        (Some(m), _) => (&m.extractor, m.time_header.as_ref()),
+    let (extractor, time_header, device_headers): (_, _, &[http::HeaderName]) = match (mode, stream)
+    {
+        (Some(m), _) => (&m.extractor, m.time_header.as_ref(), &m.device_headers),
         (None, Some(id)) => {
             let m = policy
                 .stream_policy(id)
                 .read_mode(content_type.map(http::HeaderValue::as_bytes));
-            (&m.extractor, m.time_header.as_ref())
+            (&m.extractor, m.time_header.as_ref(), &m.device_headers)
         }
-        (None, None) => (&*DEFAULT_EXTRACTOR, None),
+        (None, None) => (&*DEFAULT_EXTRACTOR, None, &[]),
     };
     let form = content_type.is_some_and(|v| {
         media_type(v.as_bytes()).eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
@@ -84,6 +85,7 @@ pub fn assess(
             coordinates: Coordinates::Invalid,
             time: EventTime::Invalid,
             ambiguous: true,
+            device: None,
         };
         return (reading.known.flatten(), facts);
     }
@@ -146,11 +148,70 @@ pub fn assess(
             coordinates: Coordinates::Missing,
             time: EventTime::Missing,
             ambiguous: false,
+            device: None,
         };
-        (stream, no_facts)
-    } else {
-        summarise(policy, body_facts.body, &body_facts.events, stream_of)
+        return (stream, no_facts);
     }
+    let (stream, mut facts) = summarise(policy, body_facts.body, &body_facts.events, stream_of);
+    let (device, ambiguous) = device_of(&body_facts.events, headers, device_headers);
+    facts.ambiguous |= ambiguous;
+    // Keyed by where it was read: the route's prefix, else the stream's name.
+    let scope = match (reading.route, stream) {
+        (Some((i, _)), _) => Some(policy.routes()[i].prefix.as_str()),
+        (None, Some(id)) => Some(policy.stream_policy(id).name.as_str()),
+        (None, None) => None,
+    };
+    facts.device = scope
+        .zip(device)
+        .map(|(scope, id)| DeviceId::of(scope, &id));
+    (stream, facts)
+}
+
+/// The one device a request's events name (docs/decision.md "Devices"): every event's id
+/// alike, or, when no event names one, the format's device headers together (joined with
+/// `/`). Events that name different devices, or some an id and some none, name no device;
+/// a header or key stated twice, differently, names none and is ambiguous (the second value).
+fn device_of(
+    events: &[EventFacts],
+    headers: &HeaderMap,
+    device_headers: &[http::HeaderName],
+) -> (Option<String>, bool) {
+    let mut ids = events.iter().map(|e| e.device.as_ref());
+    let first = ids.next().flatten();
+    match first {
+        Some(DeviceText::Ambiguous) => return (None, true),
+        Some(DeviceText::Id(id)) => {
+            let same = events
+                .iter()
+                .all(|e| matches!(&e.device, Some(DeviceText::Id(other)) if other == id));
+            let ambiguous = events
+                .iter()
+                .any(|e| e.device == Some(DeviceText::Ambiguous));
+            return (same.then(|| id.to_string()), ambiguous);
+        }
+        None if events.iter().any(|e| e.device.is_some()) => {
+            let ambiguous = events
+                .iter()
+                .any(|e| e.device == Some(DeviceText::Ambiguous));
+            return (None, ambiguous);
+        }
+        None => {}
+    }
+    if device_headers.is_empty() {
+        return (None, false);
+    }
+    let mut parts = Vec::with_capacity(device_headers.len());
+    for h in device_headers {
+        match read_one(headers, h) {
+            Stated::One(v) => match v.to_str() {
+                Ok(text) if !text.trim().is_empty() => parts.push(text.trim()),
+                _ => return (None, false),
+            },
+            Stated::Absent => return (None, false),
+            Stated::Ambiguous => return (None, true),
+        }
+    }
+    (Some(parts.join("/")), false)
 }
 
 #[cfg(test)]

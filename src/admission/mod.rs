@@ -26,6 +26,8 @@ pub enum Rule {
     Stale,
     /// Shed by the pressure curve.
     Pressure,
+    /// Older than its device's newest delivered fix, under pressure: superseded.
+    Superseded,
     /// Its class is over its concurrency budget and no capacity is idle.
     Budget,
     /// The proxy's budget of buffered body bytes (`--max-buffered-bytes`) is spent.
@@ -41,6 +43,7 @@ impl Rule {
             Rule::Disabled => Some(ShedReason::Disabled),
             Rule::Stale => Some(ShedReason::Stale),
             Rule::Pressure => Some(ShedReason::Pressure),
+            Rule::Superseded => Some(ShedReason::Superseded),
             Rule::Budget => Some(ShedReason::Budget),
             Rule::Memory => Some(ShedReason::Memory),
             Rule::NeverShed | Rule::UnknownStream | Rule::Kept => None,
@@ -55,6 +58,7 @@ impl Rule {
             Rule::Disabled => "disabled",
             Rule::Stale => "stale",
             Rule::Pressure => "pressure",
+            Rule::Superseded => "superseded",
             Rule::Budget => "budget",
             Rule::Memory => "memory",
             Rule::Kept => "kept",
@@ -77,6 +81,8 @@ pub enum ShedReason {
     Budget,
     /// The proxy's buffered body bytes over `--max-buffered-bytes`.
     Memory,
+    /// Older than its device's newest delivered fix (answered as stale events are).
+    Superseded,
 }
 
 impl From<ShedReason> for Rule {
@@ -88,21 +94,23 @@ impl From<ShedReason> for Rule {
             ShedReason::Pressure => Rule::Pressure,
             ShedReason::Budget => Rule::Budget,
             ShedReason::Memory => Rule::Memory,
+            ShedReason::Superseded => Rule::Superseded,
         }
     }
 }
 
 impl ShedReason {
     /// All reasons, in metric-slot order.
-    pub const ALL: [ShedReason; 5] = [
+    pub const ALL: [ShedReason; 6] = [
         ShedReason::Disabled,
         ShedReason::Stale,
         ShedReason::Pressure,
         ShedReason::Budget,
         ShedReason::Memory,
+        ShedReason::Superseded,
     ];
 
-    /// Stable name: `disabled`, `stale`, `pressure`, `budget`, `memory`.
+    /// Stable name: `disabled`, `stale`, `pressure`, `budget`, `memory`, `superseded`.
     pub fn as_str(self) -> &'static str {
         match self {
             ShedReason::Disabled => "disabled",
@@ -110,7 +118,15 @@ impl ShedReason {
             ShedReason::Pressure => "pressure",
             ShedReason::Budget => "budget",
             ShedReason::Memory => "memory",
+            ShedReason::Superseded => "superseded",
         }
+    }
+
+    /// Whether the event was worthless, its successor already come (stale, superseded): it is
+    /// answered as delivered (the sender must not resend it), counted apart from the sheds
+    /// that cost a delivery, and left out of shed rates and completeness objectives.
+    pub fn superseded(self) -> bool {
+        matches!(self, ShedReason::Stale | ShedReason::Superseded)
     }
 
     /// Index into [`ShedReason::ALL`].
@@ -158,6 +174,51 @@ pub struct Decision {
     /// The event's time was more than [`IMPLAUSIBLE_AFTER`] from `now`: not believed, so
     /// not stale.
     pub implausible_time: bool,
+    /// The device's history the decision read, when the request names one.
+    pub device: Option<DeviceHistory>,
+    /// The device's credit after this decision ([`DeviceHistory::credit`]), when the curve
+    /// read it: the table keeps it for the device's next fix.
+    pub credit: Option<f64>,
+}
+
+/// What the proxy's table remembers of the request's device (docs/decision.md "Devices"): an
+/// input of the decision, like the pressure and the draw, so that the decision stays a pure
+/// function and a logged one can be replayed.
+///
+/// Which of a rank's fresh fixes the curve sheds is chosen by device, not by an independent
+/// draw per request: each device carries a credit, and at shed probability `P` a fix is
+/// admitted when the credit is at least `P` (the credit then falls by `P`), and shed otherwise
+/// (it rises by `1 - P`). A device reporting every `I` seconds is then admitted every
+/// `1 / (1 - P)` fixes, evenly, dark for at most about `I / (1 - P)`, and the devices together
+/// keep the curve's share exactly (error diffusion, as deficit round robin spreads a share
+/// over flows: Shreedhar and Varghese, SIGCOMM 1995). A device not admitted for longer than
+/// its share requires (`I / (1 - P)`, as when it was silent) is admitted whatever its credit:
+/// the devices admitted most recently are the ones shed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DeviceHistory {
+    /// In `[0, 1)`; a new device's is the request's draw.
+    pub credit: f64,
+    /// Milliseconds since its last admitted fix (`None`: none remembered).
+    pub since_admitted_ms: Option<i64>,
+    /// Its report interval, milliseconds: the smoothed time between its fixes (`None`: one
+    /// seen so far).
+    pub interval_ms: Option<i64>,
+    /// The event time of its newest fix the upstream answered 2xx (never one ahead of the
+    /// proxy's clock).
+    pub newest_delivered: Option<UnixMillis>,
+}
+
+impl DeviceHistory {
+    /// A device the table does not remember: `draw` (uniform in `[0, 1)`) is its credit, so
+    /// its first fix is shed as a request of no device would be.
+    pub fn new(draw: f64) -> Self {
+        DeviceHistory {
+            credit: draw,
+            since_admitted_ms: None,
+            interval_ms: None,
+            newest_delivered: None,
+        }
+    }
 }
 
 /// A time further than this from `now`, in the past or the future, cannot be right (a device
@@ -186,6 +247,7 @@ pub fn summarise(
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
         ambiguous: events.iter().any(|e| e.ambiguous),
+        device: None,
     };
     for event in events {
         let stream = stream_of(event);
@@ -274,6 +336,8 @@ impl Decision {
             age_ms: None,
             schedule: None,
             implausible_time: false,
+            device: None,
+            credit: None,
         }
     }
 }
@@ -333,8 +397,15 @@ pub fn schedule_floor(
 /// - `facts`: what the body said; [`Facts::UNREAD`] for a body not read.
 /// - `now`: the current time, for staleness.
 /// - `pressure`: current pressure.
-/// - `draw`: a uniform random number in `[0, 1)`; the event is pressure-shed when
-///   `draw < probability`.
+/// - `draw`: a uniform random number in `[0, 1)`; an event of no device is pressure-shed
+///   when `draw < probability`, a superseded fix when `draw` is under
+///   [`crate::policy::Curve::superseded_probability`].
+/// - `device`: the history of the device the request names ([`DeviceHistory`]), `None` for
+///   none; the curve's share of its fresh fixes is chosen by its credit.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "every input of the pure decision, by name"
+)]
 pub fn decide(
     policy: &Policy,
     stream: Option<StreamId>,
@@ -343,6 +414,7 @@ pub fn decide(
     pressure: Pressure,
     draw: f64,
     load: &Load,
+    device: Option<DeviceHistory>,
 ) -> Decision {
     let mut decision = Decision::unknown_stream(policy, pressure);
     let Some(id) = stream else {
@@ -389,8 +461,45 @@ pub fn decide(
             return decision;
         }
     }
+    decision.device = device;
+    if let (Some(d), EventTime::At(at)) = (device, facts.time)
+        && d.newest_delivered.is_some_and(|newest| at < newest)
+    {
+        // A retry of a fix its device has already delivered a newer one of: under pressure,
+        // shed before any fresh fix, ramping in with the curve's floor.
+        decision.probability = policy.curve().superseded_probability(pressure);
+        if draw < decision.probability {
+            shed(&mut decision, Rule::Superseded, ShedReason::Superseded);
+            return decision;
+        }
+    }
     decision.probability = policy.curve().shed_probability(decision.rank, pressure);
-    if draw < decision.probability {
+    let pressure_shed = match device {
+        None => draw < decision.probability,
+        Some(d) => {
+            let p = decision.probability;
+            // Dark for longer than its share requires: admitted whatever its credit.
+            // (A device never admitted is not: its credit admits it within 1 / (1 - P)
+            // fixes, and admitting every such device at once would be a burst.)
+            let overdue = match (d.since_admitted_ms, d.interval_ms) {
+                (Some(since), Some(interval)) if p < 1.0 => {
+                    #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
+                    let overdue = since as f64 >= interval as f64 / (1.0 - p);
+                    overdue
+                }
+                _ => false,
+            };
+            let shed = p >= 1.0 || (d.credit < p && !overdue);
+            let credit = if shed {
+                d.credit + (1.0 - p)
+            } else {
+                d.credit - p
+            };
+            decision.credit = Some(credit.clamp(0.0, 1.0 - f64::EPSILON));
+            shed
+        }
+    };
+    if pressure_shed {
         shed(&mut decision, Rule::Pressure, ShedReason::Pressure);
     } else if load.over_budget(stream.class, class) {
         shed(&mut decision, Rule::Budget, ShedReason::Budget);
@@ -419,6 +528,7 @@ mod tests {
             coordinates,
             time,
             stream: None,
+            device: None,
             ambiguous: false,
         }
     }
@@ -450,6 +560,7 @@ mod tests {
                 Pressure::ZERO,
                 0.5,
                 &Load::IDLE,
+                None,
             );
             d.rank.get()
         };

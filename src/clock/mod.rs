@@ -11,7 +11,8 @@ use std::sync::Arc;
 pub mod skew;
 
 /// Unix time in milliseconds (UTC). Signed: times before 1970 are representable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
 pub struct UnixMillis(pub i64);
 
 impl UnixMillis {

@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// [default: 32768, nginx's 4 × 8 KiB].
     #[arg(long, value_name = "BYTES")]
     pub max_head: Option<usize>,
+    /// Most devices this replica remembers (32 bytes of room each; the table starts small and grows
+    /// as devices come); past it, the longest-silent device of a set is forgotten
+    /// [default: 1048576, 32 MiB at most].
+    #[arg(long, value_name = "N")]
+    pub max_devices: Option<usize>,
 }
 
 impl ServeArgs {
@@ -185,6 +190,8 @@ pub struct Config {
     pub max_header_line: usize,
     /// Largest request head, bytes (at least `max_header_line`).
     pub max_head: usize,
+    /// Most devices the device table remembers (at least 1).
+    pub max_devices: usize,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -388,6 +395,10 @@ impl Config {
             trusted_proxies: args.trusted_proxies.unwrap_or_default(),
             max_header_line,
             max_head,
+            max_devices: args
+                .max_devices
+                .unwrap_or(crate::devices::DEFAULT_MAX_DEVICES)
+                .max(1),
             policy_recheck: duration(args.policy_recheck, crate::live::reload::RECHECK),
         })
     }

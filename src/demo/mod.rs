@@ -48,6 +48,10 @@ pub struct DemoArgs {
     /// Random seed of the traffic.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// How often each device reports during the overload (the fleet is sized for it; at 1x
+    /// its devices report `--overload` times less often), seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub report_seconds: f64,
 }
 
 /// Stream mix of the demo traffic: (stream, share). Streams not in the policy are unknown,
@@ -110,6 +114,20 @@ pub struct Report {
     pub by_stream: BTreeMap<(usize, &'static str), Tally>,
     /// `(phase, area label)` → counts, sheddable streams only.
     pub by_area: BTreeMap<(usize, String), Tally>,
+    /// Per device of the fleet: its area label and when its fixes were delivered, seconds
+    /// since the demo's start.
+    pub delivered: BTreeMap<u32, (String, Vec<f64>)>,
+    /// When the overload phase began and ended, seconds since the start.
+    pub overload: (f64, f64),
+}
+
+/// One device of the demo's fleet: a vehicle or a sensor at one place.
+#[derive(Debug, Clone)]
+struct Device {
+    stream: &'static str,
+    lat: f64,
+    lon: f64,
+    is_rural: bool,
 }
 
 /// Runs the demo and prints its tables. Exit code 1 if something could not start.
@@ -178,11 +196,40 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         .build_http();
     let report = Arc::new(Mutex::new(Report::default()));
     let mut rng = fastrand::Rng::with_seed(args.seed);
+    // The fleet: as many devices as report every `--report-seconds` at the overload's rate.
+    let device_share: f64 = STREAMS
+        .iter()
+        .filter(|(s, _)| DEVICE_STREAMS.contains(s))
+        .map(|(_, share)| share)
+        .sum();
+    #[expect(clippy::cast_possible_truncation, reason = "a fleet of thousands")]
+    #[expect(clippy::cast_sign_loss, reason = "a fleet of thousands")]
+    let fleet_size = (capacity * args.overload * device_share * args.report_seconds.max(0.1))
+        .ceil()
+        .max(1.0) as usize;
+    let fleet: Vec<Device> = (0..fleet_size)
+        .map(|_| {
+            let stream = pick_stream(&mut rng, &DEVICE_MIX);
+            let (place, is_rural) = geography.pick(&mut rng, RURAL_SHARE);
+            Device {
+                stream,
+                lat: (place.lat + (rng.f64() - 0.5) * 0.05).clamp(-90.0, 90.0),
+                lon: (place.lon + (rng.f64() - 0.5) * 0.05).clamp(-180.0, 180.0),
+                is_rural,
+            }
+        })
+        .collect();
+    let mut next_device = 0usize;
+    let demo_start = Instant::now();
     let url = format!("http://{}/ingest", proxy.proxy_addr);
     let pressure = Arc::clone(&proxy.parts.pressure);
     for (phase_index, &(name, factor, secs)) in phases.iter().enumerate() {
         let rate = capacity * factor;
         let start = Instant::now();
+        if phase_index == 1 {
+            report.lock().unwrap_or_else(|p| p.into_inner()).overload.0 =
+                demo_start.elapsed().as_secs_f64();
+        }
         let mut sent = 0u64;
         let mut tick = tokio::time::interval(Duration::from_millis(10));
         let mut pressure_sum = 0.0;
@@ -196,13 +243,31 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             while sent < due {
                 sent += 1;
-                let event = make_event(&mut rng, &geography, &policy, sources.now());
+                let event = make_event(
+                    &mut rng,
+                    &geography,
+                    &policy,
+                    sources.now(),
+                    (&fleet, &mut next_device),
+                );
                 let client = client.clone();
                 let report = Arc::clone(&report);
                 let url = url.clone();
                 tokio::spawn(async move {
                     let outcome = send(&client, &url, &event).await;
                     let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                    if let (Some(d), Result_::Delivered) = (event.device, outcome) {
+                        let at = demo_start.elapsed().as_secs_f64();
+                        r.delivered
+                            .entry(d)
+                            .or_insert_with(|| (event.area.clone().unwrap_or_default(), Vec::new()))
+                            .1
+                            .push(at);
+                    } else if let Some(d) = event.device {
+                        r.delivered.entry(d).or_insert_with(|| {
+                            (event.area.clone().unwrap_or_default(), Vec::new())
+                        });
+                    }
                     r.by_stream
                         .entry((phase_index, event.stream))
                         .or_default()
@@ -216,6 +281,10 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
                 });
             }
         }
+        if phase_index == 1 {
+            report.lock().unwrap_or_else(|p| p.into_inner()).overload.1 =
+                demo_start.elapsed().as_secs_f64();
+        }
         say(format!(
             "  phase {name:<12} offered {:>5.0} req/s, mean pressure {:.2}",
             rate,
@@ -228,6 +297,7 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
     report.phases = phases.iter().map(|p| p.0).collect();
     if print {
         print_report(&report, &policy);
+        print_dark(&report, fleet_size, args);
     }
     say(format!(
         "\nmetrics: {} shed series; upstream served {} requests",
@@ -254,6 +324,7 @@ pub fn event_body(
     lat: f64,
     lon: f64,
     at: UnixMillis,
+    device: Option<u32>,
 ) -> Bytes {
     let time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at.0) * 1_000_000)
         .ok()
@@ -267,9 +338,9 @@ pub fn event_body(
             r#"{{"tile":{{"lat":{lat:.5},"lon":{lon:.5},"z":14}},"requested_at":"{time}","layer":"roads"}}"#
         )
     } else {
+        let id = device.unwrap_or_else(|| rng.u32(100_000..1_000_000));
         format!(
-            r#"{{"device_id":"dev-{:05}","lat":{lat:.5},"lon":{lon:.5},"occurred_at":"{time}","speed_kmh":{:.1},"heading":{}}}"#,
-            rng.u32(..100_000),
+            r#"{{"device_id":"dev-{id:06}","lat":{lat:.5},"lon":{lon:.5},"occurred_at":"{time}","speed_kmh":{:.1},"heading":{}}}"#,
             rng.f64() * 90.0,
             rng.u32(..360)
         )
@@ -282,26 +353,50 @@ struct Event {
     /// Area label for the report (sheddable streams only).
     area: Option<String>,
     body: Bytes,
+    /// The fleet device that sent it, if one did.
+    device: Option<u32>,
 }
+
+/// Streams whose events come from the fleet's devices (the policy reads their `device_id`).
+const DEVICE_STREAMS: [&str; 2] = ["vehicle.position", "sensor.reading"];
+/// The fleet's mix of those streams, as [`STREAMS`] has them.
+const DEVICE_MIX: [(&str, f64); 2] = [("vehicle.position", 0.62), ("sensor.reading", 0.18)];
 
 fn make_event(
     rng: &mut fastrand::Rng,
     geography: &Geography,
     policy: &Policy,
     now: UnixMillis,
+    (fleet, next): (&[Device], &mut usize),
 ) -> Event {
-    let stream = pick_stream(rng, STREAMS);
-    let (place, is_rural) = geography.pick(rng, RURAL_SHARE);
-    // Jitter within a few kilometres: vehicles are not all at the city centre.
-    let lat = (place.lat + (rng.f64() - 0.5) * 0.05).clamp(-90.0, 90.0);
-    let lon = (place.lon + (rng.f64() - 0.5) * 0.05).clamp(-180.0, 180.0);
+    let drawn = pick_stream(rng, STREAMS);
+    // Events of the devices' streams come from the fleet in turn (each device every
+    // `--report-seconds` in the overload); the rest from anywhere.
+    let device = (DEVICE_STREAMS.contains(&drawn) && !fleet.is_empty()).then(|| {
+        *next = (*next + 1) % fleet.len();
+        *next
+    });
+    let (stream, lat, lon, is_rural) = match device {
+        Some(d) => {
+            let f = &fleet[d];
+            (f.stream, f.lat, f.lon, f.is_rural)
+        }
+        None => {
+            let (place, is_rural) = geography.pick(rng, RURAL_SHARE);
+            // Jitter within a few kilometres: vehicles are not all at the city centre.
+            let lat = (place.lat + (rng.f64() - 0.5) * 0.05).clamp(-90.0, 90.0);
+            let lon = (place.lon + (rng.f64() - 0.5) * 0.05).clamp(-180.0, 180.0);
+            (drawn, lat, lon, is_rural)
+        }
+    };
     let sheddable = policy
         .stream(stream)
         .is_some_and(|id| policy.stream_policy(id).supersession == Supersession::SelfSuperseding);
     let stale = sheddable && rng.f64() < STALE_SHARE;
     let now = now.0;
     let at = if stale { now - 600_000 } else { now - 500 };
-    let body = event_body(rng, stream, lat, lon, UnixMillis(at));
+    let device = device.and_then(|d| u32::try_from(d).ok());
+    let body = event_body(rng, stream, lat, lon, UnixMillis(at), device);
     let area = sheddable.then(|| {
         if stale {
             return "(stale events)".to_owned();
@@ -312,7 +407,12 @@ fn make_event(
             (None, rank) => format!("cities, unconfigured (rank {rank})"),
         }
     });
-    Event { stream, area, body }
+    Event {
+        stream,
+        area,
+        body,
+        device: device.filter(|_| !stale),
+    }
 }
 
 async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Event) -> Result_ {
@@ -339,6 +439,54 @@ async fn send(client: &Client<HttpConnector, Full<Bytes>>, url: &str, event: &Ev
         (503, Some(_)) => Result_::Shed,
         (200..=299, None) => Result_::Delivered,
         _ => Result_::Other,
+    }
+}
+
+/// Per area, the fleet's devices and how long they went dark in the overload: the longest
+/// time between two of a device's delivered fixes (or from the phase's start to its first,
+/// or from its last to the phase's end), its median and most over the area's devices, beside
+/// what an even thinning at the area's shed share would leave (`interval / (1 - shed)`).
+#[expect(clippy::cast_precision_loss, reason = "demo counts below 2^52")]
+fn print_dark(report: &Report, fleet: usize, args: &DemoArgs) {
+    let (from, to) = report.overload;
+    let mut by_area: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for (area, times) in report.delivered.values() {
+        let mut last = from;
+        let mut longest = 0.0f64;
+        for &t in times.iter().filter(|t| (from..to).contains(*t)) {
+            longest = longest.max(t - last);
+            last = t;
+        }
+        by_area
+            .entry(area.as_str())
+            .or_default()
+            .push(longest.max(to - last));
+    }
+    println!(
+        "\n== devices in the overload: {fleet}, each reporting every {:.1} s there ==",
+        args.report_seconds
+    );
+    println!(
+        "{:<40} {:>7} {:>14} {:>10} {:>16}",
+        "area", "devices", "dark: median", "longest", "even thinning"
+    );
+    for (area, mut gaps) in by_area {
+        gaps.sort_by(f64::total_cmp);
+        let shed = report
+            .by_area
+            .get(&(1, area.to_owned()))
+            .map_or(0.0, |t| t.shed as f64 / t.sent.max(1) as f64);
+        let even = if shed < 1.0 {
+            format!("{:.1} s", args.report_seconds / (1.0 - shed))
+        } else {
+            "-".into()
+        };
+        println!(
+            "{area:<40} {:>7} {:>12.1} s {:>8.1} s {even:>16}",
+            gaps.len(),
+            gaps[gaps.len() / 2],
+            gaps[gaps.len() - 1],
+        );
     }
 }
 

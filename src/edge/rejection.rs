@@ -40,8 +40,11 @@ pub enum Rejection {
         /// Delay-seconds for `Retry-After`, at least 1.
         retry_after: u32,
     },
-    /// A stale event: answered with the policy's non-retryable status (default 202).
+    /// A stale or superseded event (its successor came already): answered with the policy's
+    /// non-retryable status (default 202).
     Stale {
+        /// [`ShedReason::Stale`] or [`ShedReason::Superseded`]: the `X-Shed-Reason`.
+        reason: ShedReason,
         /// The decision's explanation.
         explanation: Explanation,
         /// The status to answer.
@@ -123,6 +126,9 @@ pub struct Explanation {
     pub schedule: Option<String>,
     /// The policy version (content hash).
     pub policy_version: String,
+    /// The history of the device the request named, as the decision read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<crate::admission::DeviceHistory>,
 }
 
 impl Explanation {
@@ -159,6 +165,7 @@ impl Explanation {
                 .and_then(|i| policy.schedules().get(i))
                 .map(|s| s.name.clone()),
             policy_version: policy.version().to_owned(),
+            device: decision.device,
         }
     }
 }
@@ -252,6 +259,22 @@ impl Rejection {
                 Some(*retry_after),
                 Some(explanation),
                 Some(explanation.reason),
+            ),
+            Rejection::Stale {
+                explanation,
+                reason: ShedReason::Superseded,
+                ..
+            } => (
+                "urn:shedgate:problem:superseded",
+                "Superseded event discarded",
+                format!(
+                    "stream {:?} event is older than its device's newest delivered one: that \
+                     one superseded it; do not retry",
+                    explanation.stream
+                ),
+                None,
+                Some(explanation),
+                Some(ShedReason::Superseded.as_str()),
             ),
             Rejection::Stale { explanation, .. } => (
                 "urn:shedgate:problem:stale",

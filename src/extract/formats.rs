@@ -126,16 +126,22 @@ impl Format {
                 None,
             ),
             Format::Owntracks => (
-                one("/lat", "/lon", &["/tst"]),
+                Shape {
+                    device: Some(p("/topic")),
+                    ..one("/lat", "/lon", &["/tst"])
+                },
                 PresetStream::Field(p("/_type"), "owntracks."),
                 None,
             ),
             Format::Traccar => (
-                one(
-                    "/position/latitude",
-                    "/position/longitude",
-                    &["/position/fixTime", "/event/eventTime"],
-                ),
+                Shape {
+                    device: Some(p("/device/uniqueId")),
+                    ..one(
+                        "/position/latitude",
+                        "/position/longitude",
+                        &["/position/fixTime", "/event/eventTime"],
+                    )
+                },
                 PresetStream::Header,
                 None,
             ),
@@ -146,6 +152,7 @@ impl Format {
                     lonlat: Some(p("/geometry/coordinates")),
                     time: vec![p("/properties/timestamp")],
                     crs: vec![p("/crs"), p("/geometry/crs")],
+                    device: Some(p("/properties/device_id")),
                     ..Shape::default()
                 },
                 PresetStream::Header,
@@ -172,6 +179,7 @@ impl Format {
                 ContentMode::Structured | ContentMode::Batched => {
                     let mut shape = one("/data/lat", "/data/lon", &["/time"]);
                     shape.stream = Some(p("/type"));
+                    shape.device = Some(p("/subject"));
                     if mode == ContentMode::Batched {
                         shape.root = false;
                         shape.root_array = true;
@@ -190,7 +198,9 @@ impl Format {
                         lat: "lat".into(),
                         lon: "lon".into(),
                         time: vec!["timestamp".into()],
+                        device: vec!["id".into(), "deviceid".into()],
                     }),
+                    device: Some(p("/device_id")),
                     ..one(
                         "/location/coords/latitude",
                         "/location/coords/longitude",
@@ -200,6 +210,18 @@ impl Format {
                 PresetStream::Header,
                 None,
             ),
+        }
+    }
+
+    /// Headers that name the device when the body does not, all of them together (their
+    /// values joined with `/`): OwnTracks' `X-Limit-U` and `X-Limit-D` (user and device; its
+    /// `tid` is a two-letter label many devices share, never an identity); CloudEvents
+    /// binary mode's `ce-subject` (never `ce-source`, often one gateway for a fleet).
+    pub fn device_headers(self, mode: ContentMode) -> &'static [&'static str] {
+        match (self, mode) {
+            (Format::Owntracks, _) => &["x-limit-u", "x-limit-d"],
+            (Format::Cloudevents, ContentMode::Binary) => &["ce-subject"],
+            _ => &[],
         }
     }
 

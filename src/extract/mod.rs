@@ -54,6 +54,9 @@ pub struct Shape {
     pub crs: Vec<JsonPointer>,
     /// The event's stream, when the body names it.
     pub stream: Option<JsonPointer>,
+    /// The device that sent the event (a string, or a number read as written), relative to
+    /// the event: an identity unique to one device (docs/decision.md "Devices").
+    pub device: Option<JsonPointer>,
     /// Query or form keys holding the facts (the OsmAnd protocol): read from the query
     /// string when any key is there, else from an `application/x-www-form-urlencoded` body,
     /// else the JSON pointers apply to the body.
@@ -74,6 +77,7 @@ impl Shape {
             "lonlat": one(&self.lonlat),
             "time": texts(&self.time),
             "stream": one(&self.stream),
+            "device": one(&self.device),
             "crs": texts(&self.crs),
             "params": self.params.as_ref().map(ParamKeys::describe),
         })
@@ -107,6 +111,7 @@ enum Target {
     Time(usize),
     Stream,
     Crs,
+    Device,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -136,6 +141,7 @@ mod mask {
     pub(super) const STREAM: u16 = 1 << 7;
     pub(super) const EVENTS: u16 = 1 << 8;
     pub(super) const CRS: u16 = 1 << 9;
+    pub(super) const DEVICE: u16 = 1 << 10;
 
     /// The bit of one target.
     pub(super) fn of(target: Target) -> u16 {
@@ -146,6 +152,7 @@ mod mask {
             Target::Time(i) => (1 << 3) << i.min(3),
             Target::Stream => STREAM,
             Target::Crs => CRS,
+            Target::Device => DEVICE,
         }
     }
 
@@ -212,6 +219,7 @@ impl Extractor {
         );
         event_ptrs.extend(shape.stream.iter().map(|p| (p, Target::Stream)));
         event_ptrs.extend(shape.crs.iter().map(|p| (p, Target::Crs)));
+        event_ptrs.extend(shape.device.iter().map(|p| (p, Target::Device)));
         let check = |all: &[&JsonPointer]| {
             for (i, a) in all.iter().enumerate() {
                 for b in &all[i + 1..] {
@@ -305,6 +313,10 @@ impl Extractor {
                         q.time = EventTime::Invalid;
                         q.ambiguous = true;
                     }
+                    if q.device != f.device {
+                        q.device = Some(DeviceText::Ambiguous);
+                        q.ambiguous = true;
+                    }
                     q.ambiguous |= f.ambiguous;
                     return from(q);
                 }
@@ -377,6 +389,7 @@ impl Extractor {
             coordinates: first.coordinates,
             time: first.time,
             ambiguous: facts.ambiguous || first.ambiguous,
+            device: None,
         }
     }
 }
@@ -411,6 +424,8 @@ pub struct EventFacts {
     pub time: EventTime,
     /// Its stream as the body names it (before any route mapping), when the shape reads one.
     pub stream: Option<Box<str>>,
+    /// The device it names, when the shape reads one and it is there.
+    pub device: Option<DeviceText>,
     /// A fact of it was stated twice, differently (a duplicate key): that fact reads as
     /// unreadable (coordinates and time invalid, stream absent).
     pub ambiguous: bool,
@@ -422,8 +437,39 @@ impl EventFacts {
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
         stream: None,
+        device: None,
         ambiguous: false,
     };
+}
+
+/// A device id as an event states it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceText {
+    /// One id (a string's content, or a number as written).
+    Id(Box<str>),
+    /// Stated twice, differently (a key given twice): no id.
+    Ambiguous,
+}
+
+/// The device a request names, keyed with a per-process secret so that ids a client chooses
+/// cannot collide on purpose in the proxy's device table (SipHash-1-3 under std's random
+/// keys), and keyed by where it was read (a route's prefix, or a stream's name) so that the
+/// same id on two routes is two devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceId(pub u64);
+
+impl DeviceId {
+    /// The device `id` read where `scope` says (a route prefix or a stream name).
+    pub fn of(scope: &str, id: &str) -> DeviceId {
+        use std::hash::{BuildHasher, Hasher};
+        static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let mut h = KEYS.get_or_init(Default::default).build_hasher();
+        h.write(scope.as_bytes());
+        h.write_u8(0xff);
+        h.write(id.as_bytes());
+        DeviceId(h.finish())
+    }
 }
 
 /// What the extractor found in a body.
@@ -438,6 +484,9 @@ pub struct Facts {
     /// A fact the request states twice, differently (a duplicate header or JSON key), was
     /// read as unreadable.
     pub ambiguous: bool,
+    /// The one device the request names (`None`: none, or several: docs/decision.md
+    /// "Devices").
+    pub device: Option<DeviceId>,
 }
 
 impl Facts {
@@ -447,6 +496,7 @@ impl Facts {
         coordinates: Coordinates::Missing,
         time: EventTime::Missing,
         ambiguous: false,
+        device: None,
     };
 }
 

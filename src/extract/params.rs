@@ -6,7 +6,7 @@
 
 use super::headers::Stated;
 use super::time::parse_param_time;
-use super::{Coordinates, EventFacts, EventTime};
+use super::{Coordinates, DeviceText, EventFacts, EventTime};
 
 /// Query or form keys that hold an event's facts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -19,12 +19,20 @@ pub struct ParamKeys {
     /// milliseconds (told apart by magnitude), RFC 3339, or `YYYY-MM-DD HH:MM:SS[.fff]` in
     /// UTC (see [`parse_param_time`]).
     pub time: Vec<String>,
+    /// Device id keys: any of them names the device (OsmAnd's `id` or `deviceid`); two that
+    /// differ are no id.
+    pub device: Vec<String>,
 }
 
 impl ParamKeys {
     /// The keys as written, for `GET /policy`.
     pub fn describe(&self) -> serde_json::Value {
-        serde_json::json!({ "lat": self.lat, "lon": self.lon, "time": self.time })
+        serde_json::json!({
+            "lat": self.lat,
+            "lon": self.lon,
+            "time": self.time,
+            "device": self.device,
+        })
     }
 
     /// Reads one event's facts from `text` (`k=v&k=v`, `+` and `%XX` decoded). `None` when
@@ -34,6 +42,7 @@ impl ParamKeys {
         let mut lat = Stated::Absent;
         let mut lon = Stated::Absent;
         let mut times = vec![Stated::Absent; self.time.len()];
+        let mut device = Stated::Absent;
         let mut any = false;
         for (key, value) in form_urlencoded::parse(text) {
             let slot = if key == self.lat {
@@ -42,6 +51,10 @@ impl ParamKeys {
                 &mut lon
             } else if let Some(i) = self.time.iter().position(|t| *t == key) {
                 &mut times[i]
+            } else if self.device.iter().any(|d| *d == key) {
+                // Not a fact of the event's place or time: alone it does not make one.
+                device = std::mem::replace(&mut device, Stated::Absent).and(value.into_owned());
+                continue;
             } else {
                 continue;
             };
@@ -76,14 +89,21 @@ impl ParamKeys {
                 Stated::Ambiguous => time = EventTime::Invalid,
             }
         }
-        let ambiguous = [&lat, &lon]
+        let ambiguous = [&lat, &lon, &device]
             .into_iter()
             .chain(&times)
             .any(|g| *g == Stated::Ambiguous);
+        let device = match device {
+            Stated::Absent => None,
+            Stated::One(id) if id.is_empty() => None,
+            Stated::One(id) => Some(DeviceText::Id(id.into_boxed_str())),
+            Stated::Ambiguous => Some(DeviceText::Ambiguous),
+        };
         Some(EventFacts {
             coordinates,
             time,
             stream: None,
+            device,
             ambiguous,
         })
     }
@@ -101,6 +121,7 @@ mod tests {
             lat: "lat".into(),
             lon: "lon".into(),
             time: vec!["timestamp".into()],
+            device: vec!["id".into(), "deviceid".into()],
         }
     }
 
@@ -117,6 +138,21 @@ mod tests {
             assert_eq!(f.coordinates, Coordinates::new(52.52, 13.405), "{q}");
             assert_eq!(f.time, EventTime::At(UnixMillis(T)), "{q}");
         }
+    }
+
+    #[test]
+    fn device_ids_from_either_key_and_never_two() {
+        let f = osmand().read(b"id=4711&lat=1&lon=2").unwrap();
+        assert_eq!(f.device, Some(DeviceText::Id("4711".into())));
+        let f = osmand().read(b"deviceid=4711&lat=1&lon=2&id=4711").unwrap();
+        assert_eq!(f.device, Some(DeviceText::Id("4711".into())));
+        let f = osmand().read(b"id=4711&lat=1&lon=2&id=4712").unwrap();
+        assert_eq!(f.device, Some(DeviceText::Ambiguous));
+        assert!(f.ambiguous);
+        let f = osmand().read(b"id=&lat=1&lon=2").unwrap();
+        assert_eq!(f.device, None);
+        // A device key alone is no event.
+        assert_eq!(osmand().read(b"id=4711"), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 
 use super::crs::Crs;
 use super::time::{parse_time_text, parse_unix_number};
-use super::{Coordinates, EventFacts, EventTime, MAX_TIMES, Node, Target, mask};
+use super::{Coordinates, DeviceText, EventFacts, EventTime, MAX_TIMES, Node, Target, mask};
 use crate::clock::UnixMillis;
 
 #[derive(Default)]
@@ -25,6 +25,7 @@ pub(super) struct EventCaps<'de> {
     stream: Option<&'de RawValue>,
     /// `crs` members, the event's and its geometry's (at most two are kept).
     crs: [Option<&'de RawValue>; 2],
+    device: Option<&'de RawValue>,
     /// Targets stated twice, differently (bits of [`mask`]): unreadable.
     conflicts: u16,
 }
@@ -37,6 +38,7 @@ impl<'de> EventCaps<'de> {
             && self.lonlat.is_none()
             && self.time.iter().all(Option::is_none)
             && self.stream.is_none()
+            && self.device.is_none()
     }
 
     #[inline]
@@ -52,6 +54,7 @@ impl<'de> EventCaps<'de> {
                 None => return,
             },
             Target::Stream => &mut self.stream,
+            Target::Device => &mut self.device,
             Target::Crs => match self.crs.iter_mut().find(|c| c.is_none()) {
                 Some(slot) => slot,
                 None => &mut self.crs[1],
@@ -115,6 +118,11 @@ impl<'de> EventCaps<'de> {
                 .filter(|_| c & mask::STREAM == 0)
                 .and_then(string_content)
                 .map(|s| s.into_owned().into_boxed_str()),
+            device: if c & mask::DEVICE != 0 {
+                Some(DeviceText::Ambiguous)
+            } else {
+                self.device.and_then(read_device)
+            },
             ambiguous: c != 0,
         }
     }
@@ -139,6 +147,20 @@ fn read_lonlat(raw: &RawValue) -> Coordinates {
         },
         _ => Coordinates::Invalid,
     }
+}
+
+/// A device id: a string's content, or a number as written (Traccar's numeric ids); an empty
+/// string or another value is none.
+#[inline]
+fn read_device(raw: &RawValue) -> Option<DeviceText> {
+    let text = raw.get();
+    let first = *text.as_bytes().first()?;
+    let id = if first == b'-' || first.is_ascii_digit() {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        string_content(raw)?
+    };
+    (!id.is_empty()).then(|| DeviceText::Id(id.into_owned().into_boxed_str()))
 }
 
 /// The text of a JSON string without its quotes, unescaped only when it has escapes.

@@ -3,8 +3,8 @@
 
 /// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
 pub const REQUESTS: &str = "shedgate_requests_total";
-/// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `disabled`,
-/// `budget`, `memory`).
+/// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `superseded`,
+/// `disabled`, `budget`, `memory`).
 pub const SHED: &str = "shedgate_shed_total";
 /// Warn-mode would-sheds (admitted), by `stream`, `area` and `reason`. Counted at the observed
 /// pressure, which is higher than enforcement would leave it.
@@ -64,6 +64,16 @@ pub const PROXY_ERRORS: &str = "shedgate_proxy_errors_total";
 pub const SCHEDULE_ACTIVE: &str = "shedgate_schedule_active";
 /// Client connections shedgate closed on its own, by `reason` ([`CloseReason`](super::CloseReason)).
 pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
+/// Time between a device's admitted fixes, seconds, by `area` (of the later fix; never by
+/// device): how long devices go dark while their rank is shed (docs/decision.md "Devices").
+pub const DEVICE_GAP: &str = "shedgate_device_gap_seconds";
+/// Devices the replica's device table remembers now.
+pub const DEVICES: &str = "shedgate_devices";
+/// Bytes the device table takes now (24 a device, grown in steps; room for `--max-devices` at
+/// most, 32 bytes a device).
+pub const DEVICE_TABLE_BYTES: &str = "shedgate_device_table_bytes";
+/// Devices forgotten because the table was full (the longest-silent of a set).
+pub const DEVICE_EVICTIONS: &str = "shedgate_device_evictions_total";
 /// Client connections that spoke another protocol than HTTP/1.x, closed, by `reason`
 /// (`http2_preface`: answered `GOAWAY` `HTTP_1_1_REQUIRED`; `tls_client_hello`): a peer is
 /// told this port speaks h2c or HTTPS.
@@ -94,7 +104,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         SHED,
         "counter",
-        "Requests shed, by stream, area and reason (pressure, stale, disabled, budget, memory).",
+        "Requests shed, by stream, area and reason (pressure, stale, superseded, disabled, budget, memory).",
     ),
     (
         WOULD_SHED,
@@ -196,6 +206,26 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "counter",
         "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
          early_answer, lame_duck, drain_cut).",
+    ),
+    (
+        DEVICE_GAP,
+        "histogram",
+        "Time between a device's admitted fixes, seconds, by area (never by device).",
+    ),
+    (
+        DEVICES,
+        "gauge",
+        "Devices the replica's device table remembers now.",
+    ),
+    (
+        DEVICE_TABLE_BYTES,
+        "gauge",
+        "Bytes the device table takes now (24 a device, grown in steps; at most 32 a device of --max-devices).",
+    ),
+    (
+        DEVICE_EVICTIONS,
+        "counter",
+        "Devices forgotten because the device table was full (the longest-silent of a set).",
     ),
     (
         PROTOCOL_MISMATCHES,

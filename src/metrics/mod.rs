@@ -35,6 +35,10 @@ const AGE_BUCKETS: &[f64] = &[
 /// the day past which a time is not believed.
 const LEAD_BUCKETS: &[f64] = &[1.0, 5.0, 60.0, 300.0, 3600.0, 86400.0];
 
+/// Buckets of [`DEVICE_GAP`], seconds: a report interval of a few seconds (OwnTracks' move
+/// mode, Traccar Client) up to the minutes a device goes dark while its rank is shed.
+const GAP_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0];
+
 /// Buckets of [`UPSTREAM_LATENCY`], seconds.
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -238,6 +242,12 @@ pub struct Metrics {
     pub clock_probes: Counter,
     /// [`PARKED_CONNECTIONS`].
     pub parked_connections: Gauge,
+    /// [`DEVICES`].
+    pub devices: Gauge,
+    /// [`DEVICE_TABLE_BYTES`].
+    pub device_table_bytes: Gauge,
+    /// [`DEVICE_EVICTIONS`].
+    pub device_evictions: Counter,
     proxy_errors: [Counter; 6],
     /// [`UPSTREAM_LOAD_REPORTS`]: read, invalid.
     load_reports: [Counter; 2],
@@ -274,6 +284,7 @@ impl Metrics {
             .set_buckets_for_metric(Matcher::Full(UPSTREAM_LATENCY.into()), LATENCY_BUCKETS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_AGE.into()), AGE_BUCKETS))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_LEAD.into()), LEAD_BUCKETS))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DEVICE_GAP.into()), GAP_BUCKETS))
             .map(PrometheusBuilder::build_recorder)
             .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
         for (name, kind, help) in CATALOG {
@@ -304,6 +315,9 @@ impl Metrics {
             protocol_mismatches,
             load_reports,
             parked_connections: gauge(PARKED_CONNECTIONS),
+            devices: gauge(DEVICES),
+            device_table_bytes: gauge(DEVICE_TABLE_BYTES),
+            device_evictions: counter(DEVICE_EVICTIONS, vec![]),
             pressure: gauge(PRESSURE),
             pressure_pinned: gauge(PRESSURE_PINNED),
             inflight: gauge(INFLIGHT),

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use metrics::{Counter, Histogram, Label};
 
 use super::{
-    ADMITTED, EVENT_AGE, EVENT_LEAD, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED,
-    UNREADABLE, WOULD_SHED,
+    ADMITTED, DEVICE_GAP, EVENT_AGE, EVENT_LEAD, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome,
+    REQUESTS, SHED, UNREADABLE, WOULD_SHED,
 };
 use crate::admission::{ShedReason, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
@@ -65,6 +65,8 @@ pub struct PolicyMetrics {
     ages: Vec<OnceLock<Histogram>>,
     /// `[slot]`: leads of times in the future.
     leads: Vec<OnceLock<Histogram>>,
+    /// `[area]`: time between a device's admitted fixes.
+    gaps: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 5]>,
     /// `[slot]`: the `/stats` counts of each stream.
@@ -103,6 +105,7 @@ impl PolicyMetrics {
                 .collect(),
             ages: (0..slots).map(|_| OnceLock::new()).collect(),
             leads: (0..slots).map(|_| OnceLock::new()).collect(),
+            gaps: (0..area_names.len()).map(|_| OnceLock::new()).collect(),
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
                 .collect(),
@@ -234,6 +237,20 @@ impl PolicyMetrics {
                 )
             })
             .record(crate::clock::millis_to_secs(ms));
+    }
+
+    /// Records the time between two admitted fixes of one device, by the area of the second
+    /// (never by device: the label would be a client's value).
+    pub fn device_gap(&self, area: Option<AreaId>, gap: std::time::Duration) {
+        let a = self.area_slot(area);
+        self.gaps[a]
+            .get_or_init(|| {
+                self.metrics.histogram(
+                    DEVICE_GAP,
+                    vec![Label::new("area", self.area_names[a].clone())],
+                )
+            })
+            .record(gap.as_secs_f64());
     }
 
     /// Counts a sheddable request the decision admitted, by stream and area.

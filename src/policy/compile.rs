@@ -235,13 +235,20 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         let format = s.format.unwrap_or_default();
         let mut modes = Vec::new();
         for &mode in format.modes() {
-            let (shape, _, time_header) =
-                mode_reading(format, mode, s.lat.clone(), s.lon.clone(), s.time.clone());
+            let (shape, _, time_header) = mode_reading(
+                format,
+                mode,
+                s.lat.clone(),
+                s.lon.clone(),
+                s.time.clone(),
+                s.device.clone(),
+            );
             modes.push(StreamMode {
                 mode,
                 extractor: Extractor::new(shape)
                     .map_err(|e| at(streams_path, field("lat"), e.to_string()))?,
                 time_header: time_header.map(http::HeaderName::from_static),
+                device_headers: super::routes::device_headers(format, mode, s.device.as_ref()),
             });
         }
         let id = StreamId(u32::try_from(streams.len()).unwrap_or(u32::MAX));

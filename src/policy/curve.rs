@@ -138,6 +138,22 @@ impl Curve {
         }
     }
 
+    /// Shed probability in `[0, 1]` of a superseded fix (docs/decision.md "Devices"): the
+    /// curve's floor ramp alone, `clamp((p - 0.5) / ramp, 0, 1)`, whatever the rank. 0 at or
+    /// under the floor, so backlogs uploaded in order still reach the upstream; continuous in
+    /// `p` (a step above the floor with `ramp = 0`, as the seed's rule is); never less than
+    /// [`Curve::shed_probability`] of any rank, so a superseded fix is shed before a fresh one.
+    pub fn superseded_probability(&self, pressure: Pressure) -> f64 {
+        let p = pressure.get();
+        if p <= FLOOR {
+            0.0
+        } else if self.ramp == 0.0 || p >= 1.0 {
+            1.0
+        } else {
+            ((p - FLOOR) / self.ramp).min(1.0)
+        }
+    }
+
     /// Shed probability in `[0, 1]` for a sheddable event of `rank` at `pressure`.
     pub fn shed_probability(&self, rank: Rank, pressure: Pressure) -> f64 {
         let p = pressure.get();

@@ -132,6 +132,9 @@ pub struct RouteSection {
     pub lon: Option<JsonPointer>,
     /// Time pointer, relative to the event.
     pub time: Option<JsonPointer>,
+    /// Device id pointer, relative to the event (overrides the preset's): the field unique
+    /// to one device (docs/decision.md "Devices").
+    pub device: Option<JsonPointer>,
     /// Query or form keys that hold the facts, read before the JSON pointers (see
     /// [`crate::extract::ParamKeys`]); overrides a preset's (`osmand`).
     pub params: Option<ParamsSection>,
@@ -152,6 +155,8 @@ pub struct ParamsSection {
     /// Time key; without it, an event read from the query or a form has no readable time
     /// (never stale).
     pub time: Option<String>,
+    /// Device id key (GPSLogger's `%SER`, say); without it, such requests name no device.
+    pub device: Option<String>,
 }
 
 /// `[defaults]` in `streams.toml`.
@@ -193,6 +198,8 @@ pub struct StreamSection {
     pub lon: Option<JsonPointer>,
     /// JSON pointer to the event time; default `/occurred_at`.
     pub time: Option<JsonPointer>,
+    /// JSON pointer to the device id; default none (the preset's, if it has one).
+    pub device: Option<JsonPointer>,
     /// Format preset of this stream's bodies when the stream comes from a header; default
     /// `pointers`. `lat`, `lon`, `time` override the preset's pointers.
     pub format: Option<crate::extract::formats::Format>,

@@ -229,6 +229,8 @@ pub struct StreamMode {
     pub extractor: Extractor,
     /// A header holding the event time (CloudEvents binary mode: `ce-time`).
     pub time_header: Option<http::HeaderName>,
+    /// Headers naming the device when the body does not ([`Format::device_headers`]).
+    pub device_headers: Vec<http::HeaderName>,
 }
 
 impl StreamPolicy {
@@ -297,6 +299,9 @@ pub struct RouteMode {
     pub stream: StreamSource,
     /// A header holding the event time (CloudEvents binary mode: `ce-time`).
     pub time_header: Option<http::HeaderName>,
+    /// Headers naming the device when the body does not, all of them together
+    /// ([`Format::device_headers`]).
+    pub device_headers: Vec<http::HeaderName>,
     /// The route only names the stream: its events are read with the stream's own pointers
     /// (format `pointers` without pointer overrides).
     pub stream_pointers: bool,

@@ -19,27 +19,42 @@ pub(super) fn mode_reading(
     lat: Option<JsonPointer>,
     lon: Option<JsonPointer>,
     time: Option<JsonPointer>,
+    device: Option<JsonPointer>,
 ) -> (Shape, PresetStream, Option<&'static str>) {
     let (mut shape, preset, time_header) = format.preset(mode);
     let time_header = time_header.filter(|_| time.is_none());
-    override_pointers(&mut shape, format.data_root(mode), lat, lon, time);
+    override_pointers(&mut shape, format.data_root(mode), [lat, lon, time, device]);
     (shape, preset, time_header)
+}
+
+/// The headers naming the device in `mode` of `format`, unless the policy gives the device a
+/// pointer of its own.
+pub(super) fn device_headers(
+    format: Format,
+    mode: ContentMode,
+    device: Option<&JsonPointer>,
+) -> Vec<http::HeaderName> {
+    if device.is_some() {
+        return Vec::new();
+    }
+    format
+        .device_headers(mode)
+        .iter()
+        .map(|h| http::HeaderName::from_static(h))
+        .collect()
 }
 
 /// Replaces a shape's pointers with the ones given, which are relative to the event's data:
 /// under `root` (see [`Format::data_root`]) when the mode has one.
-fn override_pointers(
-    shape: &mut Shape,
-    root: Option<&str>,
-    lat: Option<JsonPointer>,
-    lon: Option<JsonPointer>,
-    time: Option<JsonPointer>,
-) {
+fn override_pointers(shape: &mut Shape, root: Option<&str>, given: [Option<JsonPointer>; 4]) {
     let rooted = |p: Option<JsonPointer>| match (p, root) {
         (Some(p), Some(root)) => JsonPointer::parse(&format!("{root}{}", p.as_str())).ok(),
         (p, _) => p,
     };
-    let (lat, lon, time) = (rooted(lat), rooted(lon), rooted(time));
+    let [lat, lon, time, device] = given.map(rooted);
+    if device.is_some() {
+        shape.device = device;
+    }
     if lat.is_some() || lon.is_some() {
         shape.lonlat = None;
         let (dlat, dlon, _) = Extractor::default_pointers();
@@ -138,16 +153,24 @@ pub(super) fn compile_routes(
             && r.lat.is_none()
             && r.lon.is_none()
             && r.time.is_none()
+            && r.device.is_none()
             && r.params.is_none();
         let params = r.params.as_ref().map(|p| crate::extract::ParamKeys {
             lat: p.lat.clone(),
             lon: p.lon.clone(),
             time: p.time.iter().cloned().collect(),
+            device: p.device.iter().cloned().collect(),
         });
         let mut modes = Vec::new();
         for &mode in format.modes() {
-            let (mut shape, preset, time_header) =
-                mode_reading(format, mode, r.lat.clone(), r.lon.clone(), r.time.clone());
+            let (mut shape, preset, time_header) = mode_reading(
+                format,
+                mode,
+                r.lat.clone(),
+                r.lon.clone(),
+                r.time.clone(),
+                r.device.clone(),
+            );
             if params.is_some() {
                 shape.params.clone_from(&params);
             }
@@ -188,6 +211,7 @@ pub(super) fn compile_routes(
                     extractor,
                     stream: source,
                     time_header: time_header.map(http::HeaderName::from_static),
+                    device_headers: device_headers(format, mode, r.device.as_ref()),
                     stream_pointers: stream_pointers && r.stream_field.is_none(),
                 },
             ));

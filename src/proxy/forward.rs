@@ -41,7 +41,9 @@ where
     Request::from_parts(parts, body)
 }
 
-/// Forwards an admitted request, counting it in flight until its response body ends.
+/// Forwards an admitted request, counting it in flight until its response body ends. A fix of
+/// a device (`delivery`: the device and its event's time) the upstream answers 2xx is that
+/// device's newest delivered, if newer.
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
     inner: S,
@@ -49,6 +51,7 @@ pub(super) async fn forward<S>(
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
     reserved: Option<ClassGuard>,
+    delivery: Option<(crate::extract::DeviceId, crate::clock::UnixMillis)>,
 ) -> Response<Body>
 where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
@@ -94,6 +97,16 @@ where
         Ok(r) => r,
         Err(never) => match never {},
     };
+    if let Some((device, at)) = delivery
+        && response.status().is_success()
+        && matches!(
+            response.extensions().get::<UpstreamOutcome>(),
+            Some(UpstreamOutcome::Answered { .. } | UpstreamOutcome::AnsweredEarly)
+        )
+    {
+        let now = shared.skew.correct(shared.sources().now());
+        shared.devices.delivered(device, at, now);
+    }
     match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
             shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
@@ -197,7 +210,10 @@ pub(super) fn shed_outside_decide(
             limit = shared.buffers.limit(),
             "buffered body bytes over --max-buffered-bytes: 503, the sender retries"
         ),
-        ShedReason::Disabled | ShedReason::Stale | ShedReason::Pressure => {}
+        ShedReason::Disabled
+        | ShedReason::Stale
+        | ShedReason::Superseded
+        | ShedReason::Pressure => {}
     }
     let pressure = shared.pressure.pressure();
     let decision = crate::admission::Decision::shed_by(reason, policy, pressure);

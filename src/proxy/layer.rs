@@ -19,12 +19,13 @@ pub struct AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer deciding with the live policy in `store` and the pressure in `pressure`,
-    /// sheddable bodies drawing on `buffers`. The clock and the draw are the store's
-    /// ([`PolicyStore::sources`]): one per proxy.
+    /// sheddable bodies drawing on `buffers`, devices remembered in `devices`. The clock and
+    /// the draw are the store's ([`PolicyStore::sources`]): one per proxy.
     pub fn new(
         store: Arc<PolicyStore>,
         pressure: Arc<PressureGauge>,
         buffers: Arc<BufferBudget>,
+        devices: Arc<crate::devices::DeviceTable>,
         settings: AdmissionSettings,
     ) -> Self {
         AdmissionLayer {
@@ -34,6 +35,7 @@ impl AdmissionLayer {
                 settings,
                 classes: Arc::new(ClassLoad::default()),
                 buffers,
+                devices,
                 skew: crate::clock::skew::ClockSkew::default(),
                 load_report_warned: std::sync::atomic::AtomicBool::new(false),
             }),

@@ -63,6 +63,8 @@ struct Shared {
     classes: Arc<ClassLoad>,
     /// Buffered body bytes (`--max-buffered-bytes`).
     buffers: Arc<BufferBudget>,
+    /// What this replica remembers of each device.
+    devices: Arc<crate::devices::DeviceTable>,
     /// The local clock's offset from the upstream's, from responses' `Date` headers.
     skew: crate::clock::skew::ClockSkew,
     /// Whether an unreadable load report was logged at warn yet (later ones log at debug;

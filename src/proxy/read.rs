@@ -18,7 +18,9 @@ use super::forward::shed_outside_decide;
 use super::forward::{forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation};
 use crate::BoxError;
-use crate::admission::{Reading, ShedReason, Verdict, assess, decide, schedule_floor};
+use crate::admission::{
+    DeviceHistory, Reading, ShedReason, Verdict, assess, decide, schedule_floor,
+};
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::extract::coding::{DecodeError, decoded};
 use crate::extract::{BodyState, Coordinates, EventTime};
@@ -146,15 +148,28 @@ where
     } else {
         schedule_floor(policy, local_now, shared.pressure.admission_pressure())
     };
-    let mut decision = decide(
-        policy,
-        stream,
-        &facts,
-        now,
-        pressure,
-        shared.sources().draw(),
-        &shared.load(),
-    );
+    // The device the request names, for a sheddable stream: its history is the decision's
+    // input (a device the table does not remember starts from a draw of its own), and the
+    // decision goes back into the table, under one lock of its shard.
+    let device = facts.device.filter(|_| sheddable);
+    let (draw, load) = (shared.sources().draw(), shared.load());
+    let decide_with = |history: Option<DeviceHistory>| {
+        decide(policy, stream, &facts, now, pressure, draw, &load, history)
+    };
+    let mut decision = match device {
+        None => decide_with(None),
+        Some(id) => {
+            let (decision, gap) = shared.devices.decide_with(id, local_now, |history| {
+                decide_with(Some(
+                    history.unwrap_or_else(|| DeviceHistory::new(shared.sources().draw())),
+                ))
+            });
+            if let Some(gap) = gap {
+                m.device_gap(decision.area, gap);
+            }
+            decision
+        }
+    };
     decision.schedule = schedule;
     m.shed(stream, decision.area, decision.verdict);
     if sheddable && matches!(decision.verdict, Verdict::Admit | Verdict::WouldShed(_)) {
@@ -190,8 +205,9 @@ where
     match decision.verdict {
         Verdict::Shed(reason) => {
             let explanation = Explanation::new(policy, name, &decision);
-            let rejection = if reason == ShedReason::Stale {
+            let rejection = if reason.superseded() {
                 Rejection::Stale {
+                    reason,
                     explanation,
                     status: policy.stale_status(),
                     success_body: policy.stale_body(route, stream),
@@ -225,6 +241,11 @@ where
                     Err(response) => return response,
                 }
             }
+            // A device's fix the upstream takes is its newest delivered, if newer.
+            let delivery = device.zip(match facts.time {
+                crate::extract::EventTime::At(at) => Some(at),
+                _ => None,
+            });
             let response = forward(
                 shared.clone(),
                 inner,
@@ -232,6 +253,7 @@ where
                 stream,
                 Request::from_parts(parts, body),
                 reserved,
+                delivery,
             )
             .await;
             // The body has been sent: its bytes go back to the budget.

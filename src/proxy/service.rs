@@ -112,14 +112,14 @@ where
                         Ok(reserved) => {
                             // The body deadline starts after the wait, not before it.
                             let req = stream_through(&shared, req);
-                            forward(shared, inner, snapshot, stream, req, reserved).await
+                            forward(shared, inner, snapshot, stream, req, reserved, None).await
                         }
                         Err(response) => response,
                     }
                 });
             }
             let req = stream_through(&shared, req);
-            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req, None))
+            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req, None, None))
         }
     }
 }

@@ -94,8 +94,9 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
             shedgate::metrics::DISABLED_UNTIL,
             shedgate::metrics::OPAQUE,
             shedgate::metrics::SCHEDULE_ACTIVE,
-            // A time in the future (`held.rs`) and another protocol (`held.rs`).
+            // A time in the future (`held.rs`), a device's second admitted fix (`devices.rs`).
             shedgate::metrics::EVENT_LEAD,
+            shedgate::metrics::DEVICE_GAP,
         ]
         .contains(name)
         {
@@ -282,6 +283,7 @@ async fn the_demo_delivers_every_never_shed_event() {
         phase_seconds: 1,
         overload: 4.0,
         seed: 3,
+        report_seconds: 1.0,
     };
     let report = shedgate::demo::run_demo(&args, false).await.unwrap();
     let policy = shedgate::policy::load_dir(&args.policies).unwrap().policy;

@@ -184,6 +184,7 @@ fn disable_until_switches_at_the_boundary() {
             Pressure::ZERO,
             0.5,
             &Load::IDLE,
+            None,
         )
         .verdict
     };

@@ -40,6 +40,7 @@ async fn harness_all_rank_5_with(factor: f64, service_ms: u64, idle_s: u64) -> (
         lon,
         rank,
         service: None,
+        device: None,
     }];
     // An idle phase only when asked for: even an empty phase draws the first arrival's gap,
     // which would shift every later arrival of the runs without one.

@@ -4,6 +4,7 @@ mod admin;
 mod cases;
 mod classes;
 mod clock;
+mod devices;
 mod faults;
 mod fuzz;
 mod geography;

@@ -224,6 +224,7 @@ async fn fleet_holds_at(
     let spread = match replicas.spread {
         Spread::RoundRobin => "",
         Spread::Random => ", spread at random",
+        Spread::ByDevice => ", by device",
     };
     let n = replicas.steps[0].1;
     let name = match cap {

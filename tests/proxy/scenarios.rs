@@ -427,6 +427,7 @@ async fn all_traffic_in_one_priority_area_is_still_held_full() {
             lon,
             rank,
             service: None,
+            device: None,
         };
         1
     ];

@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 mod figures;
+pub mod fleet;
 mod scenario;
 
 pub use figures::{Figures, recovery_seconds};

@@ -29,6 +29,8 @@ pub struct SimEvent {
     pub rank: Rank,
     /// The upstream's work for it at full speed (`None`: the simulator's distribution).
     pub service: Option<Duration>,
+    /// The device that sends it (`None`: none named).
+    pub device: Option<u32>,
 }
 
 /// Rank bands a report splits sheds by: priority (1–10), important (11–30), default (31–50),
@@ -70,6 +72,8 @@ pub struct Second {
     pub end_pressure: f64,
     /// Latencies of admitted requests that completed, milliseconds.
     pub latencies_ms: Vec<f64>,
+    /// Fixes of devices admitted in this second: `(device, seconds since the start)`.
+    pub admitted_fixes: Vec<(u32, f64)>,
 }
 
 /// How arrivals are spread over the replicas in service at the moment.
@@ -79,6 +83,9 @@ pub enum Spread {
     RoundRobin,
     /// Uniformly at random (kube-proxy's iptables mode picks a backend at random).
     Random,
+    /// By device: every fix of one device to one replica (a balancer hashing on the device,
+    /// nginx `hash $arg_id consistent`), the rest in turn.
+    ByDevice,
 }
 
 impl Spread {
@@ -86,12 +93,29 @@ impl Spread {
     /// the last (`turn` counts the requests sent so far and is advanced), or one drawn
     /// uniformly from `rng`.
     pub fn pick(self, turn: &mut usize, n: usize, rng: &mut fastrand::Rng) -> usize {
-        match self {
-            Spread::RoundRobin => {
+        self.pick_for(None, turn, n, rng)
+    }
+
+    /// [`Spread::pick`] for a request of `device`: [`Spread::ByDevice`] sends a device to
+    /// the replica its number hashes to (a multiplicative hash, as a consistent hash spreads
+    /// keys evenly).
+    pub fn pick_for(
+        self,
+        device: Option<u32>,
+        turn: &mut usize,
+        n: usize,
+        rng: &mut fastrand::Rng,
+    ) -> usize {
+        match (self, device) {
+            (Spread::ByDevice, Some(d)) => {
+                let h = u64::from(d).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+                usize::try_from(h).unwrap_or(0) % n
+            }
+            (Spread::Random, _) => rng.usize(..n),
+            (Spread::RoundRobin | Spread::ByDevice, _) => {
                 *turn = turn.wrapping_add(1);
                 *turn % n
             }
-            Spread::Random => rng.usize(..n),
         }
     }
 }
@@ -154,6 +178,15 @@ pub struct Scenario {
     /// Whether the upstream reports its utilisation with each answer (ORCA,
     /// [`Simulator::utilisation`]) and the replicas read it; `false` from [`Scenario::new`].
     pub load_reports: bool,
+    /// Arrivals at set times instead of Poisson ones: `(since the start, index into the
+    /// events)`, in time order (a fleet of devices reporting on their own schedules,
+    /// [`super::fleet`]); the load phases then only set the run's length. `None` from
+    /// [`Scenario::new`].
+    pub schedule: Option<Arc<[(Duration, u32)]>>,
+    /// Whether each replica keeps a device table and decides fixes of devices by it
+    /// ([`crate::devices`]); `false`: every request an independent draw, as before devices
+    /// were read. `true` from [`Scenario::new`] (events without a device are unaffected).
+    pub devices: bool,
 }
 
 impl Scenario {
@@ -178,6 +211,8 @@ impl Scenario {
             seed,
             replicas,
             load_reports: false,
+            schedule: None,
+            devices: true,
         }
     }
 }
@@ -185,6 +220,8 @@ impl Scenario {
 /// The replicas of a run: every one ever started, the first `active` in service.
 struct Fleet {
     gauges: Vec<Arc<PressureGauge>>,
+    /// Each replica's device table.
+    tables: Vec<Arc<crate::devices::DeviceTable>>,
     /// Each replica's pressure at its last tick (0 once out of service).
     last: Vec<f64>,
     active: usize,
@@ -225,8 +262,10 @@ pub async fn run_scenario_phased(
     let second_of = move |t: Instant| {
         usize::try_from(t.saturating_duration_since(start).as_secs()).unwrap_or(usize::MAX)
     };
+    let wall = UnixMillis(1_780_000_000_000);
     let fleet = Arc::new(Mutex::new(Fleet {
         gauges: Vec::new(),
+        tables: Vec::new(),
         last: Vec::new(),
         active: 0,
     }));
@@ -239,6 +278,8 @@ pub async fn run_scenario_phased(
             let index = f.gauges.len();
             let gauge = Arc::new(PressureGauge::new(scenario.controller));
             f.gauges.push(Arc::clone(&gauge));
+            f.tables
+                .push(Arc::new(crate::devices::DeviceTable::new(1 << 20, wall)));
             f.last.push(0.0);
             let (fleet, report) = (Arc::clone(&fleet), Arc::clone(&report));
             let offset = TICK / 10 * u32::try_from((index * 7) % 10).unwrap_or(0);
@@ -272,30 +313,63 @@ pub async fn run_scenario_phased(
     let mut rng = fastrand::Rng::with_seed(scenario.seed);
     let mut turn = 0usize;
     let mut tasks = Vec::new();
-    let wall = UnixMillis(1_780_000_000_000);
     let mut phase_start = Instant::now();
+    let mut scheduled = scenario
+        .schedule
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .peekable();
     for (phase, &(duration, factor)) in scenario.load.iter().enumerate() {
         let events = events[phase];
         let rate = sim.capacity() * factor;
         let end = phase_start + duration;
         let mut at = phase_start;
         loop {
-            at += Duration::from_secs_f64(-(1.0 - rng.f64()).max(1e-12).ln() / rate.max(1e-9));
-            if at >= end {
-                break;
-            }
+            let pick = if scenario.schedule.is_some() {
+                match scheduled.next_if(|(t, _)| start + *t < end) {
+                    Some(&(t, i)) => {
+                        at = start + t;
+                        Some(i as usize)
+                    }
+                    None => break,
+                }
+            } else {
+                at += Duration::from_secs_f64(-(1.0 - rng.f64()).max(1e-12).ln() / rate.max(1e-9));
+                if at >= end {
+                    break;
+                }
+                None
+            };
             tokio::time::sleep_until(at).await;
             let in_service = scenario.replicas.at(at.saturating_duration_since(start));
             if in_service != fleet.lock().unwrap_or_else(|e| e.into_inner()).active {
                 scale_to(in_service, &mut tickers);
             }
-            let replica = scenario
-                .replicas
-                .spread
-                .pick(&mut turn, in_service, &mut rng);
-            let gauge =
-                Arc::clone(&fleet.lock().unwrap_or_else(|e| e.into_inner()).gauges[replica]);
-            let event = events[rng.usize(..events.len())].clone();
+            // The replica, then the event, as the runs before devices drew them (a device's
+            // replica needs its event first).
+            let spread = scenario.replicas.spread;
+            let event_of = |rng: &mut fastrand::Rng| match pick {
+                Some(i) => events[i % events.len()].clone(),
+                None => events[rng.usize(..events.len())].clone(),
+            };
+            let (replica, event) = if spread == Spread::ByDevice {
+                let event = event_of(&mut rng);
+                (
+                    spread.pick_for(event.device, &mut turn, in_service, &mut rng),
+                    event,
+                )
+            } else {
+                let replica = spread.pick(&mut turn, in_service, &mut rng);
+                (replica, event_of(&mut rng))
+            };
+            let (gauge, table) = {
+                let f = fleet.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    Arc::clone(&f.gauges[replica]),
+                    Arc::clone(&f.tables[replica]),
+                )
+            };
             let draw = rng.f64();
             let now_wall =
                 UnixMillis(wall.0 + i64::try_from(start.elapsed().as_millis()).unwrap_or(0));
@@ -307,21 +381,45 @@ pub async fn run_scenario_phased(
                 },
                 time: EventTime::At(UnixMillis(now_wall.0 - 200)),
                 ambiguous: false,
+                device: None,
             };
             let load = Load {
                 class_inflight: [0; 3],
                 total: gauge.inflight(),
                 capacity: gauge.capacity(),
             };
-            let decision = decide(
-                policy,
-                event.stream,
-                &facts,
-                now_wall,
-                gauge.admission_pressure(),
-                draw,
-                &load,
-            );
+            // A fix of a device of a sheddable stream: decided by the device's history.
+            let device = event
+                .device
+                .filter(|_| scenario.devices && !event.never)
+                .map(|d| crate::extract::DeviceId::of("sim", &d.to_string()));
+            let pressure = gauge.admission_pressure();
+            let decide_with = |history| {
+                decide(
+                    policy,
+                    event.stream,
+                    &facts,
+                    now_wall,
+                    pressure,
+                    draw,
+                    &load,
+                    history,
+                )
+            };
+            let decision = match device {
+                None => decide_with(None),
+                Some(id) => {
+                    // Drawn only for fixes of devices, so runs without any draw as before.
+                    let fresh_credit = rng.f64();
+                    table
+                        .decide_with(id, now_wall, |h| {
+                            decide_with(Some(h.unwrap_or_else(|| {
+                                crate::admission::DeviceHistory::new(fresh_credit)
+                            })))
+                        })
+                        .0
+                }
+            };
             let sec = second_of(Instant::now());
             let admitted = !matches!(decision.verdict, Verdict::Shed(_));
             {
@@ -338,6 +436,9 @@ pub async fn run_scenario_phased(
                     }
                     if admitted {
                         s.admitted += 1;
+                        if let (Some(d), false) = (event.device, event.never) {
+                            s.admitted_fixes.push((d, start.elapsed().as_secs_f64()));
+                        }
                     }
                 }
             }
@@ -345,6 +446,7 @@ pub async fn run_scenario_phased(
                 continue;
             }
             let slot = policy.cost_slot(event.stream);
+            let facts_time = UnixMillis(now_wall.0 - 200);
             let (gauge, sim, report) = (Arc::clone(&gauge), Arc::clone(sim), Arc::clone(&report));
             let timeout = scenario.timeout;
             let load_reports = scenario.load_reports;
@@ -361,6 +463,9 @@ pub async fn run_scenario_phased(
                     Ok(Ok(())) => {
                         let latency = done - began;
                         gauge.record_latency(slot, latency);
+                        if let Some(id) = device {
+                            table.delivered(id, facts_time, now_wall);
+                        }
                         if load_reports {
                             gauge.record_load_report(sim.utilisation());
                         }
@@ -432,6 +537,7 @@ pub fn geographic_events(
                 lon: place.lon,
                 rank,
                 service: None,
+                device: None,
             }
         })
         .collect()

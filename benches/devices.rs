@@ -1,0 +1,161 @@
+//! Device figures (docs/decision.md "Devices"): a fleet of 10,000 devices reporting every 5 s
+//! from the real geography, in-process under paused time, decided by device and, in the same
+//! run (the same seed, arrivals and places), by an independent draw per fix as before devices
+//! were read. Per case, over seeds 1–20 (`-- --seeds 1-40` for others): goodput, admitted p99,
+//! never-shed delivered; per rank band, the shed share both ways and the p99 over its devices
+//! of the longest gap between admitted fixes, both ways, against the issue's bound
+//! `1.5 × 5 s / (1 − s)` (bands shed between 10% and 90%); and the share of devices within the
+//! same bound at their own shed share. Medians and worst over the seeds.
+//!
+//! Run: `cargo bench --bench devices` (about a minute once built).
+
+#![allow(missing_docs, reason = "a bench binary: its items are not an API")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shedgate::demo::sim::fleet::{FleetCase, band_name, gap_bound, gap_quantile, run_fleet};
+use shedgate::demo::sim::{Replicas, Spread};
+
+const INTERVAL: Duration = Duration::from_secs(5);
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn worst(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::MIN, f64::max)
+}
+
+fn seeds() -> Vec<u64> {
+    let args: Vec<String> = std::env::args().collect();
+    let spec = args
+        .iter()
+        .position(|a| a == "--seeds")
+        .and_then(|i| args.get(i + 1))
+        .map_or("1-20", String::as_str);
+    let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
+    (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect()
+}
+
+fn main() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let policy = Arc::new(shedgate::policy::load_dir(&dir).expect("policies/").policy);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    let seeds = seeds();
+    println!(
+        "10,000 devices every 5 s; seeds {:?}..={:?}",
+        seeds[0],
+        seeds[seeds.len() - 1]
+    );
+    let cases = [
+        ("1 replica, 3x", 13, Replicas::one()),
+        ("1 replica, 10x", 4, Replicas::one()),
+        (
+            "4 replicas, 3x, in turn",
+            13,
+            Replicas::steady(4, Spread::RoundRobin),
+        ),
+        (
+            "4 replicas, 3x, at random",
+            13,
+            Replicas::steady(4, Spread::Random),
+        ),
+        (
+            "4 replicas, 3x, by device",
+            13,
+            Replicas::steady(4, Spread::ByDevice),
+        ),
+        (
+            "4 replicas, 10x, in turn",
+            4,
+            Replicas::steady(4, Spread::RoundRobin),
+        ),
+        (
+            "4 replicas, 10x, by device",
+            4,
+            Replicas::steady(4, Spread::ByDevice),
+        ),
+    ];
+    for (name, workers, replicas) in cases {
+        let case = FleetCase {
+            devices: 10_000,
+            interval: INTERVAL,
+            workers,
+            replicas,
+        };
+        let runs: Vec<_> = seeds
+            .iter()
+            .map(|&seed| {
+                let draw = runtime.block_on(run_fleet(&case, &policy, false, seed));
+                let device = runtime.block_on(run_fleet(&case, &policy, true, seed));
+                (draw, device)
+            })
+            .collect();
+        let met = runs
+            .iter()
+            .filter(|(_, d)| d.bands_within_bound(INTERVAL))
+            .count();
+        let met_draw = runs
+            .iter()
+            .filter(|(d, _)| d.bands_within_bound(INTERVAL))
+            .count();
+        println!(
+            "\n{name}: bands within the gap bound at {met} of {} seeds by device, {met_draw} by draw",
+            seeds.len()
+        );
+        let col = |f: &dyn Fn(&shedgate::demo::sim::fleet::FleetFigures) -> f64, device: bool| {
+            runs.iter()
+                .map(|(a, b)| f(if device { b } else { a }))
+                .collect::<Vec<f64>>()
+        };
+        for device in [false, true] {
+            let how = if device { "by device" } else { "by draw  " };
+            let goodput = col(&|r| r.figures.goodput * 100.0, device);
+            let p99 = col(&|r| r.figures.p99_ms, device);
+            let never = col(&|r| r.figures.never_delivered * 100.0, device);
+            let within = col(&|r| r.devices_within_bound(INTERVAL) * 100.0, device);
+            println!(
+                "  {how}: goodput median {:.1}% lowest {:.1}%; p99 median {:.0} ms worst {:.0} ms; \
+                 never-shed delivered lowest {:.1}%; devices within the bound at their own share \
+                 median {:.1}% lowest {:.1}%",
+                median(goodput.clone()),
+                goodput.iter().copied().fold(f64::MAX, f64::min),
+                median(p99.clone()),
+                worst(&p99),
+                never.iter().copied().fold(f64::MAX, f64::min),
+                median(within.clone()),
+                within.iter().copied().fold(f64::MAX, f64::min),
+            );
+        }
+        for b in 0..4 {
+            let share = |device: bool| col(&|r| r.figures.shed_by_band[b] * 100.0, device);
+            let gap = |device: bool| col(&|r| gap_quantile(&r.gaps, b, 0.99), device);
+            let (s0, s1) = (share(false), share(true));
+            if median(s1.clone()).is_nan()
+                || s1.iter().all(|s| *s == 0.0) && s0.iter().all(|s| *s == 0.0)
+            {
+                continue;
+            }
+            let diff: Vec<f64> = s0.iter().zip(&s1).map(|(a, b)| (b - a).abs()).collect();
+            let bound: Vec<f64> = s1.iter().map(|s| gap_bound(INTERVAL, s / 100.0)).collect();
+            println!(
+                "  {}: shed median {:.1}% by draw, {:.1}% by device (difference most {:.1} points); \
+                 p99 longest gap median {:.1} s by draw, {:.1} s by device (worst {:.1}); bound median {:.1} s",
+                band_name(b),
+                median(s0),
+                median(s1),
+                worst(&diff),
+                median(gap(false)),
+                median(gap(true)),
+                worst(&gap(true)),
+                median(bound),
+            );
+        }
+    }
+}

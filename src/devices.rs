@@ -1,0 +1,558 @@
+//! The device table: what this replica remembers of each device, the history its decisions
+//! read (docs/decision.md "Devices"; [`crate::admission::DeviceHistory`]).
+//!
+//! Bounded and safe: room for `--max-devices` devices at 32 bytes each (a 24-byte entry, a
+//! quarter of the room kept free so that two-choice sets rarely overflow: 1 million devices in
+//! 32 MiB), starting small and growing on demand, so an idle proxy's memory does not move; keyed by the
+//! per-process keyed hash of the device's id ([`crate::extract::DeviceId`]), so ids a client
+//! chooses cannot collide on purpose; when full, the device silent longest in its set is
+//! evicted (counted). Each replica keeps its own: a balancer that hashes by device sends one
+//! device to one replica (README "Devices").
+//!
+//! The table is 64 shards, each behind its own lock, each a set-associative array of 8-way
+//! sets (a set is four cache lines) where a device may live in either of two sets (two-choice
+//! hashing): a lookup hashes nothing more (the key is a hash already), locks one shard and
+//! scans two sets. A shard doubles when both sets a device could go in are full, until its
+//! share of the maximum; then the longest-silent device of the two is evicted.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::admission::{Decision, DeviceHistory, Verdict};
+use crate::clock::UnixMillis;
+use crate::extract::DeviceId;
+
+/// Shards of the table (by the top bits of a device's key).
+const SHARDS: usize = 64;
+/// Devices per set.
+const WAYS: usize = 8;
+/// Bytes of one device's entry.
+pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+/// Bytes the table takes per device of `--max-devices`: its entry and a third more of room.
+pub const BYTES_PER_DEVICE: usize = ENTRY_BYTES * 4 / 3;
+/// The default `--max-devices`: 1 million devices, 32 MiB at most.
+pub const DEFAULT_MAX_DEVICES: usize = 1 << 20;
+/// Smoothing step of a device's report interval (a quarter of each new gap).
+const INTERVAL_STEP: f64 = 0.25;
+
+/// One device: 24 bytes. Times are deciseconds since the table's epoch, plus one (0: never),
+/// so a `u32` spans 13 years.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(C)]
+struct Entry {
+    /// The device's key (0: the entry is free; a key of 0 is stored as 1).
+    key: u64,
+    /// When its last fresh fix arrived.
+    last_seen: u32,
+    /// When its last fix was admitted.
+    last_admitted: u32,
+    /// Event time of its newest delivered fix, whole seconds since the table's epoch, rounded
+    /// down (so a retry within the same second of it is never taken for older);
+    /// `i32::MIN`: none.
+    newest_delivered: i32,
+    /// Its smoothed report interval, deciseconds (0: unknown; at most 109 minutes).
+    interval: u16,
+    /// Its credit ([`DeviceHistory::credit`]), in 65,536ths.
+    credit: u16,
+}
+
+const _: () = assert!(ENTRY_BYTES == 24);
+
+#[derive(Debug)]
+struct Shard {
+    entries: Vec<Entry>,
+    /// Entries in use.
+    len: usize,
+    /// Devices forgotten (evicted, or lost in a growth), not yet added to the table's count.
+    forgotten: u64,
+}
+
+impl Shard {
+    fn sets(&self) -> usize {
+        self.entries.len() / WAYS
+    }
+
+    /// The two sets a key may live in (two-choice hashing, from two halves of the key, each
+    /// mapped onto the set count by a multiply-high, so it need not be a power of two).
+    fn sets_of(&self, key: u64) -> [std::ops::Range<usize>; 2] {
+        let sets = u64::try_from(self.sets()).unwrap_or(u64::MAX);
+        let pick = |bits: u64| {
+            let set = usize::try_from((bits * sets) >> 32).unwrap_or(0);
+            set * WAYS..(set + 1) * WAYS
+        };
+        [pick(key & 0xffff_ffff), pick((key >> 26) & 0xffff_ffff)]
+    }
+
+    fn position(&self, key: u64) -> Option<usize> {
+        self.sets_of(key).into_iter().find_map(|range| {
+            self.entries[range.clone()]
+                .iter()
+                .position(|e| e.key == key)
+                .map(|i| range.start + i)
+        })
+    }
+
+    fn find(&self, key: u64) -> Option<&Entry> {
+        self.position(key).map(|i| &self.entries[i])
+    }
+
+    /// A free way for `key` in the emptier of its two sets (greedy two-choice: the sets fill
+    /// evenly), `None` when both are full.
+    fn free_slot(&self, key: u64) -> Option<usize> {
+        let [a, b] = self.sets_of(key);
+        let free = |r: &std::ops::Range<usize>| {
+            self.entries[r.clone()]
+                .iter()
+                .filter(|e| e.key == 0)
+                .count()
+        };
+        let set = if free(&b) > free(&a) { b } else { a };
+        self.entries[set.clone()]
+            .iter()
+            .position(|e| e.key == 0)
+            .map(|i| set.start + i)
+    }
+
+    /// The entry of `key`, inserted if new: in a free way of the emptier of its sets; else,
+    /// below `max_sets`, after the shard grew; else in place of the longest-silent device of
+    /// its two sets (counted in `forgotten`).
+    fn entry(&mut self, key: u64, max_sets: usize) -> &mut Entry {
+        loop {
+            if let Some(i) = self.position(key) {
+                return &mut self.entries[i];
+            }
+            if let Some(i) = self.slot_or_room(key) {
+                self.len += 1;
+                self.entries[i] = Entry::fresh(key);
+                return &mut self.entries[i];
+            }
+            if self.sets() < max_sets {
+                self.grow(max_sets);
+                continue;
+            }
+            let [a, b] = self.sets_of(key);
+            let oldest = a
+                .chain(b)
+                .min_by_key(|&i| self.entries[i].last_seen)
+                .unwrap_or(0);
+            self.entries[oldest] = Entry::fresh(key);
+            self.forgotten += 1;
+            return &mut self.entries[oldest];
+        }
+    }
+
+    /// A free way for `key`, making one if need be by moving a device of one of its sets to
+    /// that device's other set (one step of cuckoo hashing), `None` when none can move.
+    fn slot_or_room(&mut self, key: u64) -> Option<usize> {
+        if let Some(i) = self.free_slot(key) {
+            return Some(i);
+        }
+        let [a, b] = self.sets_of(key);
+        for i in a.chain(b) {
+            let other = self.entries[i].key;
+            let [x, y] = self.sets_of(other);
+            let home = if x.contains(&i) { y } else { x };
+            if let Some(j) = self.entries[home.clone()]
+                .iter()
+                .position(|e| e.key == 0)
+                .map(|j| home.start + j)
+            {
+                self.entries[j] = self.entries[i];
+                self.entries[i] = Entry::default();
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Doubles the number of sets (at most to `max_sets`) and puts every device in the emptier
+    /// of its new sets.
+    fn grow(&mut self, max_sets: usize) {
+        let old = std::mem::take(&mut self.entries);
+        let sets = (old.len() / WAYS * 2).min(max_sets);
+        self.entries = vec![Entry::default(); sets * WAYS];
+        for e in old.into_iter().filter(|e| e.key != 0) {
+            match self.slot_or_room(e.key) {
+                Some(i) => self.entries[i] = e,
+                // Both new sets full (not seen: twice the room): the device is forgotten.
+                None => {
+                    self.len -= 1;
+                    self.forgotten += 1;
+                }
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn fresh(key: u64) -> Entry {
+        Entry {
+            key,
+            newest_delivered: i32::MIN,
+            ..Entry::default()
+        }
+    }
+}
+
+/// What the table remembers of one device, for `GET /devices`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct DeviceView {
+    /// Seconds since its last fresh fix arrived.
+    pub last_seen_seconds_ago: f64,
+    /// Seconds since its last admitted fix (`None`: none remembered).
+    pub last_admitted_seconds_ago: Option<f64>,
+    /// Its report interval, seconds (`None`: one fix seen).
+    pub interval_seconds: Option<f64>,
+    /// Its credit.
+    pub credit: f64,
+    /// The event time of its newest delivered fix, unix milliseconds.
+    pub newest_delivered_unix_ms: Option<i64>,
+}
+
+/// The device table of one replica.
+#[derive(Debug)]
+pub struct DeviceTable {
+    shards: Box<[Mutex<Shard>]>,
+    /// Sets a shard may grow to.
+    max_sets: usize,
+    epoch: UnixMillis,
+    evictions: AtomicU64,
+    len: AtomicUsize,
+}
+
+impl DeviceTable {
+    /// A table with room for `max_devices` devices ([`BYTES_PER_DEVICE`] each, at least one
+    /// set per shard), its times counted from `epoch` (the proxy's clock at start).
+    pub fn new(max_devices: usize, epoch: UnixMillis) -> Self {
+        let entries = max_devices.saturating_mul(4).div_ceil(3);
+        let max_sets = entries.div_ceil(SHARDS * WAYS).max(1);
+        DeviceTable {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        entries: vec![Entry::default(); WAYS],
+                        len: 0,
+                        forgotten: 0,
+                    })
+                })
+                .collect(),
+            max_sets,
+            epoch,
+            evictions: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// The shard of a device and its key. Keys are SipHash outputs ([`DeviceId::of`]): every
+    /// bit is as good as any other, so the shard is the top bits and the two sets others.
+    fn shard(&self, id: DeviceId) -> (std::sync::MutexGuard<'_, Shard>, u64) {
+        let key = id.0.max(1);
+        let i = usize::try_from(key >> 58).unwrap_or(0) % SHARDS;
+        (
+            self.shards[i].lock().unwrap_or_else(|p| p.into_inner()),
+            key,
+        )
+    }
+
+    /// Deciseconds since the epoch, plus one.
+    fn tick(&self, now: UnixMillis) -> u32 {
+        u32::try_from(now.since(self.epoch).max(0) / 100)
+            .unwrap_or(u32::MAX - 1)
+            .saturating_add(1)
+    }
+
+    fn ms_since(&self, then: u32, now: UnixMillis) -> i64 {
+        i64::from(self.tick(now).saturating_sub(then)) * 100
+    }
+
+    /// The device's history at `now`, `None` for a device the table does not remember.
+    pub fn history(&self, id: DeviceId, now: UnixMillis) -> Option<DeviceHistory> {
+        let (shard, key) = self.shard(id);
+        shard.find(key).map(|e| self.history_of(e, now))
+    }
+
+    /// Decides a fix of the device at `now` with its history (`decide` is the pure decision,
+    /// given the history, `None` for a device the table does not remember) and records the
+    /// decision ([`DeviceTable::record`]), under one lock of the device's shard: one lookup
+    /// for both. Returns the decision and the gap [`DeviceTable::record`] returns.
+    pub fn decide_with(
+        &self,
+        id: DeviceId,
+        now: UnixMillis,
+        decide: impl FnOnce(Option<DeviceHistory>) -> Decision,
+    ) -> (Decision, Option<std::time::Duration>) {
+        let (mut shard, key) = self.shard(id);
+        let history = shard.find(key).map(|e| self.history_of(e, now));
+        let decision = decide(history);
+        let gap = self.record_in(&mut shard, key, now, &decision);
+        (decision, gap)
+    }
+
+    fn history_of(&self, e: &Entry, now: UnixMillis) -> DeviceHistory {
+        DeviceHistory {
+            credit: f64::from(e.credit) / 65_536.0,
+            since_admitted_ms: (e.last_admitted != 0).then(|| self.ms_since(e.last_admitted, now)),
+            interval_ms: (e.interval != 0).then(|| i64::from(e.interval) * 100),
+            newest_delivered: self.delivered_at(e),
+        }
+    }
+
+    /// The newest delivered event time an entry holds, unix milliseconds.
+    fn delivered_at(&self, e: &Entry) -> Option<UnixMillis> {
+        (e.newest_delivered != i32::MIN)
+            .then(|| UnixMillis(self.epoch.0 + i64::from(e.newest_delivered) * 1000))
+    }
+
+    /// Records the decision of a fresh fix of the device at `now` (one the curve weighed: its
+    /// credit is set): its interval, its credit, and when it was admitted. Returns the time
+    /// since its previous admitted fix when this one was admitted (for
+    /// `shedgate_device_gap_seconds`).
+    pub fn record(
+        &self,
+        id: DeviceId,
+        now: UnixMillis,
+        decision: &Decision,
+    ) -> Option<std::time::Duration> {
+        let (mut shard, key) = self.shard(id);
+        self.record_in(&mut shard, key, now, decision)
+    }
+
+    fn record_in(
+        &self,
+        shard: &mut Shard,
+        key: u64,
+        now: UnixMillis,
+        decision: &Decision,
+    ) -> Option<std::time::Duration> {
+        let credit = decision.credit?;
+        let admitted = matches!(decision.verdict, Verdict::Admit | Verdict::WouldShed(_));
+        let tick = self.tick(now);
+        let before = shard.len;
+        let e = shard.entry(key, self.max_sets);
+        if e.last_seen != 0 {
+            let gap = f64::from(tick.saturating_sub(e.last_seen));
+            let interval = if e.interval == 0 {
+                gap
+            } else {
+                f64::from(e.interval) + INTERVAL_STEP * (gap - f64::from(e.interval))
+            };
+            #[expect(clippy::cast_possible_truncation, reason = "clamped to u16")]
+            #[expect(clippy::cast_sign_loss, reason = "clamped to u16")]
+            {
+                e.interval = interval.round().clamp(1.0, f64::from(u16::MAX)) as u16;
+            }
+        }
+        e.last_seen = tick;
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a credit in [0, 1) in 65,536ths"
+        )]
+        #[expect(clippy::cast_sign_loss, reason = "a credit in [0, 1)")]
+        {
+            e.credit = (credit * 65_536.0).floor().clamp(0.0, 65_535.0) as u16;
+        }
+        let gap = if admitted {
+            let previous = e.last_admitted;
+            e.last_admitted = tick;
+            (previous != 0).then(|| {
+                std::time::Duration::from_millis(u64::from(tick.saturating_sub(previous)) * 100)
+            })
+        } else {
+            None
+        };
+        self.settle(shard, before);
+        gap
+    }
+
+    /// Moves a shard's changes since it had `before` entries into the table's counts.
+    fn settle(&self, shard: &mut Shard, before: usize) {
+        let forgotten = std::mem::take(&mut shard.forgotten);
+        if forgotten > 0 {
+            self.evictions.fetch_add(forgotten, Ordering::Relaxed);
+        }
+        if shard.len >= before {
+            self.len.fetch_add(shard.len - before, Ordering::Relaxed);
+        } else {
+            self.len.fetch_sub(before - shard.len, Ordering::Relaxed);
+        }
+    }
+
+    /// The upstream answered 2xx to a fix of the device whose (newest) event time is `at`:
+    /// its newest delivered time, unless `at` is ahead of `now` (the proxy's clock, corrected
+    /// by the upstream's): one bad device clock must not supersede the real fixes after it.
+    pub fn delivered(&self, id: DeviceId, at: UnixMillis, now: UnixMillis) {
+        if at > now {
+            return;
+        }
+        let seconds = at.since(self.epoch).div_euclid(1000);
+        let seconds =
+            i32::try_from(seconds).unwrap_or(if seconds < 0 { i32::MIN + 1 } else { i32::MAX });
+        let (mut shard, key) = self.shard(id);
+        let before = shard.len;
+        let tick = self.tick(now);
+        let e = shard.entry(key, self.max_sets);
+        e.newest_delivered = e.newest_delivered.max(seconds);
+        if e.last_seen == 0 {
+            e.last_seen = tick;
+        }
+        self.settle(&mut shard, before);
+    }
+
+    /// What the table remembers of one device at `now`.
+    pub fn view(&self, id: DeviceId, now: UnixMillis) -> Option<DeviceView> {
+        let (shard, key) = self.shard(id);
+        let e = *shard.find(key)?;
+        drop(shard);
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
+        let secs = |ms: i64| ms as f64 / 1000.0;
+        Some(DeviceView {
+            last_seen_seconds_ago: secs(self.ms_since(e.last_seen, now)),
+            last_admitted_seconds_ago: (e.last_admitted != 0)
+                .then(|| secs(self.ms_since(e.last_admitted, now))),
+            interval_seconds: (e.interval != 0).then(|| f64::from(e.interval) / 10.0),
+            credit: f64::from(e.credit) / 65_536.0,
+            newest_delivered_unix_ms: self.delivered_at(&e).map(|t| t.0),
+        })
+    }
+
+    /// Devices remembered.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no device is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Devices evicted so far (the table full, the longest-silent of a set replaced).
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the table's entries take now.
+    pub fn bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).entries.len() * ENTRY_BYTES)
+            .sum()
+    }
+
+    /// Bytes the entries take at the most (`--max-devices`, with its room).
+    pub fn max_bytes(&self) -> usize {
+        self.max_sets * WAYS * SHARDS * ENTRY_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::{Rule, ShedReason};
+    use crate::policy::Rank;
+    use crate::pressure::Pressure;
+
+    fn decision(admitted: bool, credit: f64) -> Decision {
+        Decision {
+            verdict: if admitted {
+                Verdict::Admit
+            } else {
+                Verdict::Shed(ShedReason::Pressure)
+            },
+            rule: if admitted { Rule::Kept } else { Rule::Pressure },
+            area: None,
+            rank: Rank::DEFAULT,
+            probability: 0.5,
+            pressure: Pressure::ZERO,
+            age_ms: None,
+            schedule: None,
+            implausible_time: false,
+            device: None,
+            credit: Some(credit),
+        }
+    }
+
+    #[test]
+    fn a_device_is_remembered_with_its_interval_credit_and_deliveries() {
+        let t = DeviceTable::new(1000, UnixMillis(0));
+        let id = DeviceId::of("/r", "dev-1");
+        assert_eq!(t.history(id, UnixMillis(0)), None);
+        assert_eq!(t.record(id, UnixMillis(1_000), &decision(true, 0.25)), None);
+        assert_eq!(
+            t.record(id, UnixMillis(6_000), &decision(false, 0.75)),
+            None
+        );
+        let gap = t.record(id, UnixMillis(11_000), &decision(true, 0.5));
+        assert_eq!(gap, Some(std::time::Duration::from_secs(10)));
+        let h = t.history(id, UnixMillis(12_000)).unwrap();
+        assert_eq!(h.interval_ms, Some(5_000));
+        assert_eq!(h.since_admitted_ms, Some(1_000));
+        assert!((h.credit - 0.5).abs() < 1e-6);
+        assert_eq!(h.newest_delivered, None);
+        t.delivered(id, UnixMillis(10_500), UnixMillis(12_000));
+        // Ahead of the clock: never the newest.
+        t.delivered(id, UnixMillis(99_000), UnixMillis(12_000));
+        t.delivered(id, UnixMillis(9_000), UnixMillis(12_000));
+        let h = t.history(id, UnixMillis(12_000)).unwrap();
+        // Whole seconds, rounded down: a retry within that second is not older.
+        assert_eq!(h.newest_delivered, Some(UnixMillis(10_000)));
+        // Before the table's epoch (a backlog older than the process).
+        t.delivered(
+            DeviceId::of("/r", "old"),
+            UnixMillis(-5_500),
+            UnixMillis(12_000),
+        );
+        let old = t
+            .history(DeviceId::of("/r", "old"), UnixMillis(12_000))
+            .unwrap();
+        assert_eq!(old.newest_delivered, Some(UnixMillis(-6_000)));
+        assert_eq!(t.len(), 2);
+    }
+
+    /// Full, the longest-silent device of a set goes, and is counted; the table never holds
+    /// more than its maximum, and grows only as devices come.
+    #[test]
+    fn bounded_growing_and_evicting_the_longest_silent() {
+        let t = DeviceTable::new(3072, UnixMillis(0));
+        assert_eq!(t.bytes(), SHARDS * WAYS * ENTRY_BYTES, "small while idle");
+        for i in 0..20_000u32 {
+            let id = DeviceId::of("/r", &i.to_string());
+            t.record(id, UnixMillis(i64::from(i) * 100), &decision(true, 0.0));
+        }
+        assert!(t.bytes() <= t.max_bytes());
+        assert_eq!(
+            t.max_bytes(),
+            4096 * ENTRY_BYTES,
+            "3,072 devices and a third more room"
+        );
+        assert!(t.len() <= 4096);
+        assert_eq!(
+            t.evictions() + t.len() as u64,
+            20_000,
+            "every device kept or counted"
+        );
+        // The most recent devices are there; the earliest are gone.
+        let recent = DeviceId::of("/r", "19999");
+        assert!(t.history(recent, UnixMillis(2_000_000)).is_some());
+        let early = (0..100)
+            .filter(|i| {
+                t.history(DeviceId::of("/r", &i.to_string()), UnixMillis(0))
+                    .is_some()
+            })
+            .count();
+        assert!(early < 10, "{early} of the 100 earliest remembered");
+        // As many devices as it was made for: two choices of a set hold every one.
+        let full = DeviceTable::new(60_000, UnixMillis(0));
+        for i in 0..60_000u32 {
+            let id = DeviceId::of("/r", &i.to_string());
+            full.record(id, UnixMillis(0), &decision(true, 0.0));
+        }
+        assert_eq!(full.evictions(), 0);
+        assert!(full.max_bytes() <= 60_000 * BYTES_PER_DEVICE + SHARDS * WAYS * ENTRY_BYTES);
+    }
+
+    #[test]
+    fn the_same_id_on_two_scopes_is_two_devices() {
+        assert_ne!(DeviceId::of("/a", "7"), DeviceId::of("/b", "7"));
+        assert_eq!(DeviceId::of("/a", "7"), DeviceId::of("/a", "7"));
+    }
+}
