@@ -129,14 +129,8 @@ async fn load(
             }
             tokio::time::sleep_until(at).await;
             let ev = evs[rng.usize(..evs.len())].clone();
-            let body = shedgate::demo::event_body(
-                &mut rng,
-                ev.stream,
-                ev.lat,
-                ev.lon,
-                clock.now(),
-                None,
-            );
+            let body =
+                shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now(), None);
             let url = &urls[spread.pick(&mut turn, urls.len(), &mut rng)];
             let req = Request::post(url)
                 .header("x-stream", ev.stream)

@@ -5,6 +5,7 @@
 pub mod framing;
 pub mod keepalive;
 pub mod lifecycle;
+mod protocol;
 pub mod rejection;
 pub mod serve;
 pub mod target;

@@ -17,6 +17,7 @@ mod load_report;
 mod memory;
 mod operator;
 mod pool;
+mod processes;
 mod reload;
 #[cfg(feature = "demo")]
 mod replicas;

@@ -1,0 +1,339 @@
+//! Header hygiene on both legs: hop-by-hop headers removed (RFC 9110 section 7.6.1) and the
+//! forwarding headers set (`X-Forwarded-For`, `X-Forwarded-Proto`, `Forwarded`), kept and
+//! extended only from trusted peers (docs/responses.md "Proxying").
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::edge::serve::ClientInfo;
+
+/// Hop-by-hop headers that never cross a proxy (RFC 9110 section 7.6.1, plus the legacy
+/// `Keep-Alive` and `Proxy-Connection`, and `TE`/`Trailer`/`Transfer-Encoding`/`Upgrade`), and
+/// `HTTP2-Settings`, which belongs to the connection an h2c upgrade would make (RFC 7540
+/// section 3.2.1) and is meaningless without that `Upgrade` (go#80416: it reached upstreams).
+/// Names built at compile time: removing them parses nothing per request (parsing the nine
+/// names twice per request was about 1% of the proxy's CPU, README "Benchmarks").
+pub const HOP_BY_HOP: [HeaderName; 10] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("http2-settings"),
+];
+
+/// Where `name` (lowercase, as `HeaderName` holds it) is in [`HOP_BY_HOP`].
+fn hop_by_hop_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        "http2-settings" => 9,
+        _ => return None,
+    })
+}
+
+/// Removes hop-by-hop headers: the standard set and every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let present = present(headers, hop_by_hop_index);
+    if present == 0 {
+        return;
+    }
+    // `HOP_BY_HOP[0]` is `Connection`: the headers it names go too.
+    if present & 1 != 0 {
+        // Bytes, not `to_str`: a non-UTF-8 value must not hide the tokens beside it.
+        // Tokens that name a header removed below anyway (`keep-alive`, `close`-free lists in
+        // practice) are skipped without making a `HeaderName` of them.
+        let nominated: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|t| {
+                !t.eq_ignore_ascii_case(b"keep-alive")
+                    && !t.eq_ignore_ascii_case(b"close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| t.eq_ignore_ascii_case(h.as_str().as_bytes()))
+            })
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
+            .collect();
+        for name in nominated {
+            headers.remove(name);
+        }
+    }
+    remove(headers, &HOP_BY_HOP, present);
+}
+
+/// Which names of a set `headers` holds: bit `i` for the name `index` places at `i` (at most
+/// 32). One pass over the request's or answer's few names, each placed by one `match` on its
+/// text (a switch on the length, then one comparison), instead of a hashed lookup per name:
+/// the proxy looks for 32 fixed names per request (hop-by-hop both ways, forwarding headers)
+/// and a request carries one or two of them. `scripts/instructions.sh` (callgrind, 4,000
+/// POSTs of the harness's body): 70,202–70,247 instructions per request with a `remove` per
+/// name; 66,585–66,933 comparing each name with each of the set's (64,525–64,666 with that
+/// comparison after later changes), 63,449–63,758 over nine runs with the `match` (runs of
+/// one build spread by up to 300; 63,483–63,542 in the final build).
+fn present(headers: &HeaderMap, index: impl Fn(&str) -> Option<usize>) -> u32 {
+    let mut found = 0u32;
+    for name in headers.keys() {
+        if let Some(i) = index(name.as_str()) {
+            found |= 1 << i;
+        }
+    }
+    found
+}
+
+/// Removes the `names` whose bits are set in `present` (from [`present`]).
+fn remove(headers: &mut HeaderMap, names: &[HeaderName], present: u32) {
+    for (i, name) in names.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Forwarding headers a client could use to claim an address, host, path or scheme it does
+/// not have (the de facto set frameworks read: Rack's `X-Forwarded-Ssl` and
+/// `X-Forwarded-Scheme`, IIS's `Front-End-Https`, CDNs' `True-Client-IP`): kept (and
+/// extended) only from trusted peers. Names built at compile time: removing them from an
+/// untrusted peer's request parses nothing per request.
+/// `FORWARDING[0..3]` are the three shedgate sets (`add_forwarding_headers`).
+const FORWARDING: [HeaderName; 14] = [
+    HeaderName::from_static("forwarded"),
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-url-scheme"),
+    HeaderName::from_static("front-end-https"),
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("true-client-ip"),
+];
+
+/// Where `name` (lowercase, as `HeaderName` holds it) is in [`FORWARDING`].
+fn forwarding_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "forwarded" => 0,
+        "x-forwarded-for" => 1,
+        "x-forwarded-proto" => 2,
+        "x-forwarded-host" => 3,
+        "x-forwarded-port" => 4,
+        "x-forwarded-prefix" => 5,
+        "x-forwarded-server" => 6,
+        "x-forwarded-ssl" => 7,
+        "x-forwarded-scheme" => 8,
+        "x-url-scheme" => 9,
+        "front-end-https" => 10,
+        "x-real-ip" => 11,
+        "x-client-ip" => 12,
+        "true-client-ip" => 13,
+        _ => return None,
+    })
+}
+
+/// Removes underscore twins of the forwarding headers (`X_Forwarded_For` beside
+/// `X-Forwarded-For`; any name that reads as one of [`FORWARDING`] once `_` reads as `-`),
+/// from every peer, trusted ones included: a CGI or WSGI upstream reads a twin as the header
+/// itself (`HTTP_X_FORWARDED_FOR`), so a client's twin passed through an ingress that keeps
+/// underscores would stand beside the value shedgate sets (httpd PR #558, caddy#7808). Other
+/// underscore headers are left alone. A request without `_` in any name costs one scan of
+/// its names.
+fn remove_forwarding_twins(headers: &mut HeaderMap) {
+    if !headers
+        .keys()
+        .any(|k| k.as_str().as_bytes().contains(&b'_'))
+    {
+        return;
+    }
+    let twins: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            FORWARDING
+                .iter()
+                .any(|f| crate::extract::headers::is_twin(k.as_str(), f.as_str().as_bytes()))
+        })
+        .cloned()
+        .collect();
+    for name in twins {
+        headers.remove(name);
+    }
+}
+
+/// Sets the forwarding headers for a request from `client`.
+///
+/// - From a trusted peer (`trusted`: a load balancer or ingress in `--trusted-proxies`), the
+///   client is appended to `X-Forwarded-For` and `Forwarded` (RFC 7239 section 4), earlier
+///   values joined into one line, and `X-Forwarded-Proto` is kept as that peer set it (it
+///   names the original client's scheme; `https, http` would name none), else set to `http`.
+/// - From anyone else, every forwarding header it sent is dropped (a direct client could
+///   claim any address or `https`), and `X-Forwarded-For`, `X-Forwarded-Proto` and
+///   `Forwarded` name only this hop: its address, `http`.
+///
+/// An IPv4 client on a `[::]` listener (`::ffff:a.b.c.d`) is named as IPv4. The elements that
+/// name the client are made once per connection and resume ([`ClientInfo::new`]); a request with no
+/// earlier hops gets them without a copy (formatting them per request was about 1.8% of the
+/// proxy's CPU under the throughput harness, README "Benchmarks").
+pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trusted: bool) {
+    remove_forwarding_twins(headers);
+    let present = present(headers, forwarding_index);
+    if !trusted {
+        remove(headers, &FORWARDING, present);
+    }
+    // Whether `FORWARDING[i]` is still there.
+    let kept = |i: usize| trusted && present & (1 << i) != 0;
+    let append = |headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue, kept: bool| {
+        if !kept {
+            headers.insert(name, value.clone());
+            return;
+        }
+        // Earlier hops are kept as bytes (a non-UTF-8 value is not dropped).
+        let mut line: Vec<u8> = Vec::new();
+        for v in &headers.get_all(&name) {
+            line.extend_from_slice(v.as_bytes());
+            line.extend_from_slice(b", ");
+        }
+        line.extend_from_slice(value.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&line) {
+            headers.insert(name, v);
+        }
+    };
+    append(
+        headers,
+        FORWARDING[1].clone(),
+        &client.forwarded_for,
+        kept(1),
+    );
+    if !kept(2) {
+        headers.insert(FORWARDING[2].clone(), HeaderValue::from_static("http"));
+    }
+    append(headers, header::FORWARDED, &client.forwarded, kept(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(ip: &str) -> ClientInfo {
+        ClientInfo::new(std::net::SocketAddr::new(ip.parse().unwrap(), 40000))
+    }
+
+    #[test]
+    fn each_set_places_its_own_names_within_its_bits() {
+        for (set, index) in [
+            (
+                &HOP_BY_HOP[..],
+                hop_by_hop_index as fn(&str) -> Option<usize>,
+            ),
+            (&FORWARDING[..], forwarding_index),
+        ] {
+            for (i, name) in set.iter().enumerate() {
+                assert_eq!(index(name.as_str()), Some(i), "{name}");
+            }
+            // Every index the match can give is one of the set's: names near the set's
+            // (and the other set's) are placed nowhere or within it.
+            for other in HOP_BY_HOP.iter().chain(&FORWARDING) {
+                assert!(
+                    index(other.as_str()).is_none_or(|i| set[i] == other),
+                    "{other}"
+                );
+            }
+            for other in ["host", "x-stream", "content-length", "x-forwarded", "tE"] {
+                assert_eq!(index(other), None, "{other}");
+            }
+        }
+    }
+
+    #[test]
+    fn strips_standard_and_nominated_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Debug-Trace"),
+        );
+        h.insert("x-debug-trace", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("x-stream", HeaderValue::from_static("a"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-stream"));
+    }
+
+    #[test]
+    fn forwarding_headers_from_trusted_peers_are_extended() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        add_forwarding_headers(&mut h, &client("127.0.0.1"), true);
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https", "the original scheme, once");
+        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
+        add_forwarding_headers(&mut h, &client("::1"), true);
+        assert_eq!(
+            h["forwarded"],
+            "for=127.0.0.1;proto=http, for=\"[::1]\";proto=http"
+        );
+    }
+
+    #[test]
+    fn underscore_twins_of_forwarding_headers_go_from_every_peer() {
+        for trusted in [true, false] {
+            let mut h = HeaderMap::new();
+            h.insert("x_forwarded_for", HeaderValue::from_static("10.9.9.9"));
+            h.insert("x_forwarded-proto", HeaderValue::from_static("https"));
+            h.insert("x-real_ip", HeaderValue::from_static("10.9.9.9"));
+            h.insert("x_fleet_tenant", HeaderValue::from_static("kept"));
+            add_forwarding_headers(&mut h, &client("127.0.0.1"), trusted);
+            for twin in ["x_forwarded_for", "x_forwarded-proto", "x-real_ip"] {
+                assert!(!h.contains_key(twin), "{twin} kept (trusted {trusted})");
+            }
+            assert_eq!(h["x_fleet_tenant"], "kept", "other underscore headers stay");
+            assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+        }
+    }
+
+    #[test]
+    fn forwarding_headers_from_anyone_else_are_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        h.insert(
+            "x-forwarded-host",
+            HeaderValue::from_static("admin.example.test"),
+        );
+        h.insert(
+            "forwarded",
+            HeaderValue::from_static("for=10.0.0.1;proto=https"),
+        );
+        add_forwarding_headers(&mut h, &client("::ffff:127.0.0.1"), false);
+        assert_eq!(
+            h["x-forwarded-for"], "127.0.0.1",
+            "mapped IPv4 named as IPv4"
+        );
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
+        assert!(!h.contains_key("x-forwarded-host"));
+        let mut h = HeaderMap::new();
+        for name in FORWARDING {
+            h.insert(name, HeaderValue::from_static("https"));
+        }
+        add_forwarding_headers(&mut h, &client("10.1.2.3"), false);
+        let left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left.len(), 3, "only this hop's: {left:?}");
+    }
+}
