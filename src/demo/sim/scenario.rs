@@ -33,17 +33,7 @@ pub struct SimEvent {
     pub device: Option<u32>,
 }
 
-/// Rank bands a report splits sheds by: priority (1–10), important (11–30), default (31–50),
-/// low (51–100).
-pub const BANDS: [(u8, u8); 4] = [(1, 10), (11, 30), (31, 50), (51, 100)];
-
-/// The index in [`BANDS`] of the band `rank` falls in.
-pub fn band(rank: Rank) -> usize {
-    BANDS
-        .iter()
-        .position(|(lo, hi)| (*lo..=*hi).contains(&rank.get()))
-        .unwrap_or(3)
-}
+pub use crate::policy::curve::{BANDS, band};
 
 /// Counts of one second of a scenario.
 #[derive(Debug, Clone, Default, PartialEq)]
