@@ -34,6 +34,9 @@ pub enum StartError {
     /// The policy directory does not hold a valid policy.
     #[error("policy: {0}")]
     Policy(#[from] PolicyError),
+    /// The access log cannot be opened.
+    #[error(transparent)]
+    AccessLog(#[from] crate::record::writer::OpenError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -57,6 +60,8 @@ pub struct Parts {
     pub buffers: Arc<BufferBudget>,
     /// What this replica remembers of each device (`--max-devices`).
     pub devices: Arc<crate::devices::DeviceTable>,
+    /// The access log (`--access-log`) and the policy preview.
+    pub records: crate::record::Records,
 }
 
 /// Builds the request stack, outermost layer first.
@@ -82,6 +87,7 @@ pub fn build_stack(
                 body_read_timeout: config.body_read_timeout,
                 load_report: config.load_report.clone(),
             },
+            parts.records.clone(),
         ))
         // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the
         // mapping of client failures to 502/504/408/413 responses (never errors that would
@@ -137,6 +143,10 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+        // The lines of the last answers: written, within a bound.
+        if let Some(log) = &self.parts.records.log {
+            log.drain(Duration::from_secs(2)).await;
+        }
     }
 }
 
@@ -164,14 +174,22 @@ pub async fn start_with(
     let (store, warnings) =
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
     let parts = Parts {
+        metrics: Arc::clone(&metrics),
         store: Arc::new(store),
         pressure: Arc::new(PressureGauge::new(config.controller)),
-        metrics,
         buffers: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
         devices: Arc::new(crate::devices::DeviceTable::new(
             config.max_devices,
             sources.now(),
         )),
+        records: crate::record::Records {
+            log: config
+                .access_log
+                .clone()
+                .map(|log| crate::record::AccessLog::start(log, &metrics, signals))
+                .transpose()?,
+            preview: Arc::default(),
+        },
     };
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
@@ -219,6 +237,8 @@ pub async fn start_with(
         metrics: Arc::clone(&parts.metrics),
         lame_duck: lame_duck.clone(),
         devices: Arc::clone(&parts.devices),
+        records: parts.records.clone(),
+        max_devices: config.max_devices,
     });
     tasks.push(tokio::spawn(serve::serve(
         admin_listener,

@@ -45,6 +45,9 @@
 //!   constants with descriptions and pre-registered handles.
 //! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically, and the
 //!   reload that watches the policy directory.
+//! - [`record`]: every decision on record — the access log (one JSON line per answer,
+//!   written off the request path), the replay of a log under a policy, and the preview of a
+//!   candidate policy decided in shadow.
 //! - [`edge`]: client connections (accept, timeouts, idle connections parked, drain), the
 //!   request-smuggling guard on each connection's raw bytes, and the one place where reasons
 //!   become statuses, `Retry-After` and problem+json.
@@ -80,6 +83,7 @@ pub mod plot;
 pub mod policy;
 pub mod pressure;
 pub mod proxy;
+pub mod record;
 pub mod signals;
 pub mod stats;
 pub mod upstream;

@@ -1,4 +1,7 @@
-//! The `shedgate` command: `serve`, `check`, `explain`, `curve`, `demo`.
+//! The `shedgate` command: `serve`, `check`, `explain`, `replay`, `preview`, `curve`,
+//! `demo`.
+
+mod commands;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +47,13 @@ enum Command {
     },
     /// Print the decision for one event, and why.
     Explain(Box<ExplainArgs>),
+    /// Decide an access log's requests again under a policy directory: the policy that was
+    /// live reproduces every decision made under it, another is compared by stream, area and
+    /// rank band.
+    Replay(commands::replay::ReplayArgs),
+    /// Decide a running proxy's traffic in a candidate policy's shadow for a while, then print
+    /// what it would have done beside what the live policy did.
+    Preview(commands::preview::PreviewArgs),
     /// Draw the policy's shed curve: shed probability against area rank, one line per
     /// pressure, with the areas and default_rank marked (PNG or SVG).
     #[cfg(feature = "plot")]
@@ -148,6 +158,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args, signals),
         Command::Check { dir } => check(&dir),
         Command::Explain(args) => explain(&args),
+        Command::Replay(args) => commands::replay::run(&args),
+        Command::Preview(args) => commands::preview::run(&args, &runtime()),
         #[cfg(feature = "plot")]
         Command::Curve(args) => curve(&args),
         #[cfg(feature = "demo")]

@@ -1,6 +1,7 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz` (readiness: 503 in
 //! the lame duck), `GET /livez` (liveness), `GET /policy`,
-//! `POST /reload`, and `GET|PUT|DELETE /pressure` (docs/operations.md "Observability",
+//! `POST /reload`, `GET|PUT|DELETE /pressure`, `GET /stats`, `GET /devices`, and
+//! `POST|GET|DELETE /policy/preview` (docs/operations.md "Observability",
 //! "Policy files and hot reload"; docs/pressure.md "Pressure").
 //!
 //! It binds to loopback by default: it can pin pressure, so it is an operator's tool, not a
@@ -37,7 +38,17 @@ pub struct AdminState {
     pub lame_duck: LameDuck,
     /// What this replica remembers of each device.
     pub devices: Arc<crate::devices::DeviceTable>,
+    /// The access log and the policy preview.
+    pub records: crate::record::Records,
+    /// `--max-devices`: the room a preview's own device table gets.
+    pub max_devices: usize,
 }
+
+pub mod preview;
+
+/// Largest `POST /policy/preview` body, bytes: two TOML files and region files of at most
+/// [`crate::policy::MAX_REGION_FILE_BYTES`] each, a few of them.
+const PREVIEW_BODY_LIMIT: usize = 64 << 20;
 
 /// The admin routes.
 pub fn router(state: AdminState) -> Router {
@@ -50,6 +61,13 @@ pub fn router(state: AdminState) -> Router {
         .route("/reload", axum::routing::post(reload))
         .route("/stats", get(stats))
         .route("/devices", get(device))
+        .route(
+            "/policy/preview",
+            get(preview::show)
+                .post(preview::start)
+                .delete(preview::stop)
+                .layer(axum::extract::DefaultBodyLimit::max(PREVIEW_BODY_LIMIT)),
+        )
         .route(
             "/pressure",
             get(get_pressure).put(pin_pressure).delete(unpin_pressure),

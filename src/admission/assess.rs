@@ -54,6 +54,19 @@ pub fn assess(
     query: Option<&str>,
     body: &[u8],
 ) -> (Option<StreamId>, Facts) {
+    let (stream, facts, _) = assess_with_device(policy, reading, headers, query, body);
+    (stream, facts)
+}
+
+/// As [`assess`], with the device id as the request states it (the text [`Facts::device`]
+/// is keyed from), for the access log's keyed hash of it.
+pub fn assess_with_device(
+    policy: &Policy,
+    reading: Reading,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body: &[u8],
+) -> (Option<StreamId>, Facts, Option<String>) {
     let stream = reading.known.flatten();
     // Read once for both uses below. An ambiguous `Content-Type` reads as none; it never
     // reaches the stream's read mode (the stream is unknown then).
@@ -87,7 +100,7 @@ pub fn assess(
             ambiguous: true,
             device: None,
         };
-        return (reading.known.flatten(), facts);
+        return (reading.known.flatten(), facts, None);
     }
     // CloudEvents binary mode: the time is an attribute header, not in the data.
     if let Some(h) = time_header {
@@ -150,7 +163,7 @@ pub fn assess(
             ambiguous: false,
             device: None,
         };
-        return (stream, no_facts);
+        return (stream, no_facts, None);
     }
     let (stream, mut facts) = summarise(policy, body_facts.body, &body_facts.events, stream_of);
     let (device, ambiguous) = device_of(&body_facts.events, headers, device_headers);
@@ -162,9 +175,10 @@ pub fn assess(
         (None, None) => None,
     };
     facts.device = scope
-        .zip(device)
-        .map(|(scope, id)| DeviceId::of(scope, &id));
-    (stream, facts)
+        .zip(device.as_deref())
+        .map(|(scope, id)| DeviceId::of(scope, id));
+    let text = device.filter(|_| facts.device.is_some());
+    (stream, facts, text)
 }
 
 /// The one device a request's events name (docs/decision.md "Devices"): every event's id

@@ -5,7 +5,7 @@ mod assess;
 
 use serde::Serialize;
 
-pub use assess::{Reading, assess};
+pub use assess::{Reading, assess, assess_with_device};
 
 use crate::clock::UnixMillis;
 use crate::extract::{BodyState, Coordinates, EventFacts, EventTime, Facts};
@@ -37,6 +37,24 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule.
+    pub const ALL: [Rule; 9] = [
+        Rule::NeverShed,
+        Rule::UnknownStream,
+        Rule::Disabled,
+        Rule::Stale,
+        Rule::Pressure,
+        Rule::Superseded,
+        Rule::Budget,
+        Rule::Memory,
+        Rule::Kept,
+    ];
+
+    /// The rule [`Rule::as_str`] names `name` (`None`: no rule).
+    pub fn parse(name: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
     /// The shed reason this rule stands for, if it sheds.
     pub fn shed_reason(self) -> Option<ShedReason> {
         match self {
@@ -120,6 +138,11 @@ impl ShedReason {
             ShedReason::Memory => "memory",
             ShedReason::Superseded => "superseded",
         }
+    }
+
+    /// The reason [`ShedReason::as_str`] names `name` (`None`: no reason).
+    pub fn parse(name: &str) -> Option<ShedReason> {
+        ShedReason::ALL.into_iter().find(|r| r.as_str() == name)
     }
 
     /// Whether the event was worthless, its successor already come (stale, superseded): it is

@@ -17,6 +17,7 @@ use crate::pressure::ControllerConfig;
 use crate::upstream::load_report::LoadReportField;
 use crate::upstream::{HeaderCase, HostHeader};
 
+mod record;
 mod values;
 
 pub use values::{HumanDelay, HumanDuration};
@@ -121,6 +122,31 @@ pub struct ServeArgs {
     /// [default: 1048576, 32 MiB at most].
     #[arg(long, value_name = "N")]
     pub max_devices: Option<usize>,
+    /// Write one JSON line per answered request to this file (`-`: standard output), off the
+    /// request path: lines the writer cannot keep up with are dropped and counted; SIGUSR1
+    /// reopens the file [default: none].
+    #[arg(long, value_name = "PATH")]
+    pub access_log: Option<String>,
+    /// Share of each outcome's requests the access log writes, e.g. `forwarded=0.01,shed=1`
+    /// (outcomes: forwarded, shed, rejected, upstream_error) [default: every line].
+    #[arg(long, value_name = "OUTCOME=RATE,...")]
+    pub access_log_sample: Option<String>,
+    /// File holding the secret device ids are keyed-hashed with in the access log (at least
+    /// 16 bytes, the same on every replica); without it, lines name no device
+    /// [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub access_log_secret_file: Option<PathBuf>,
+    /// Write the peer's whole address in the access log, not its /24 (IPv4) or /48 (IPv6)
+    /// [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub access_log_full_peer: Option<bool>,
+    /// Access-log lines waiting to be written, at most; past it new lines are dropped and
+    /// counted, never waited for [default: 65536].
+    #[arg(long, value_name = "LINES")]
+    pub access_log_queue: Option<usize>,
+    /// This replica's name in the access log [default: $HOSTNAME, else the host name].
+    #[arg(long, value_name = "NAME")]
+    pub replica: Option<String>,
 }
 
 impl ServeArgs {
@@ -192,6 +218,10 @@ pub struct Config {
     pub max_head: usize,
     /// Most devices the device table remembers (at least 1).
     pub max_devices: usize,
+    /// The access log, when `--access-log` is set.
+    pub access_log: Option<crate::record::LogConfig>,
+    /// This replica's name (`--replica`).
+    pub replica: std::sync::Arc<str>,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -238,6 +268,7 @@ impl Config {
             Some(path) => args.over(&read_file(path)?)?,
             None => args,
         };
+        let (access_log, replica) = record::access_log(&args)?;
         let listen = args
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
@@ -371,6 +402,8 @@ impl Config {
             ));
         }
         Ok(Config {
+            access_log,
+            replica,
             listen,
             upstream,
             policies: args.policies.unwrap_or_else(|| PathBuf::from("policies")),

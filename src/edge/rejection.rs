@@ -220,6 +220,33 @@ impl Rejection {
         }
     }
 
+    /// The problem type's last part (`urn:shedgate:problem:<slug>`): `shed`, `stale`,
+    /// `superseded`, `payload-too-large`, `body-timeout`, `bad-request`, `bad-body`,
+    /// `bad-framing`, `bad-host`, `header-too-large`, `method-not-allowed`,
+    /// `bad-gateway`, `gateway-timeout`, `class-timeout`: the access log's `reason` for a
+    /// rejection.
+    pub fn slug(&self) -> &'static str {
+        match self {
+            Rejection::Shed { .. } => "shed",
+            Rejection::Stale {
+                reason: ShedReason::Superseded,
+                ..
+            } => "superseded",
+            Rejection::Stale { .. } => "stale",
+            Rejection::PayloadTooLarge { .. } => "payload-too-large",
+            Rejection::BodyTimeout => "body-timeout",
+            Rejection::BadRequest(_) => "bad-request",
+            Rejection::BadBody(_) => "bad-body",
+            Rejection::BadFraming(_) => "bad-framing",
+            Rejection::BadHost(_) => "bad-host",
+            Rejection::HeaderLineTooLong(_) => "header-too-large",
+            Rejection::MethodNotAllowed(_) => "method-not-allowed",
+            Rejection::BadGateway(_) => "bad-gateway",
+            Rejection::GatewayTimeout => "gateway-timeout",
+            Rejection::ClassTimeout { .. } => "class-timeout",
+        }
+    }
+
     /// The error kind to count, for errors (not sheds).
     pub fn error_kind(&self) -> Option<ErrorKind> {
         match self {

@@ -81,6 +81,15 @@ pub const PROTOCOL_MISMATCHES: &str = "shedgate_client_protocol_mismatches_total
 /// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
 /// (`edge::keepalive`).
 pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
+/// Access-log lines written (`--access-log`).
+pub const ACCESS_LOG_LINES: &str = "shedgate_access_log_lines_total";
+/// Access-log lines dropped, by `reason` (`behind`: the queue was full, the writer behind;
+/// `write_error`: the write failed). Requests are never slowed to write a line.
+pub const ACCESS_LOG_DROPPED: &str = "shedgate_access_log_dropped_total";
+/// Requests a policy preview decided in shadow (`POST /policy/preview`), by `stream`,
+/// `candidate_area` and `band` (the candidate's), `live` and `candidate` (`admitted`, `shed`,
+/// `undecidable`): what the candidate would do beside what the live policy did.
+pub const PREVIEW_DECISIONS: &str = "shedgate_preview_decisions_total";
 /// 1 for the live policy's `version` (content hash), 0 for earlier ones.
 pub const POLICY_INFO: &str = "shedgate_policy_info";
 /// Policy loads by `outcome` (`success`, `failure`).
@@ -236,6 +245,17 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         PARKED_CONNECTIONS,
         "gauge",
         "Idle keep-alive client connections parked now (buffers freed, only the socket held).",
+    ),
+    (ACCESS_LOG_LINES, "counter", "Access-log lines written."),
+    (
+        ACCESS_LOG_DROPPED,
+        "counter",
+        "Access-log lines dropped, by reason (behind: the queue was full; write_error).",
+    ),
+    (
+        PREVIEW_DECISIONS,
+        "counter",
+        "Requests a policy preview decided in shadow, by stream, candidate_area, band, live and candidate (admitted, shed, undecidable).",
     ),
     (
         POLICY_INFO,

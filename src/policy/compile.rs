@@ -74,6 +74,66 @@ impl PolicyFiles {
         })
     }
 
+    /// Policy files given by name, as a preview's upload carries them (`shedgate preview`):
+    /// `streams.toml` (required), `areas.toml`, and each region file by the path
+    /// `areas.toml` names it by; `dir` stands for their directory in errors. A region file
+    /// `areas.toml` names that is not given is reported by the area that uses it.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when `streams.toml` is not given.
+    pub fn from_files(
+        dir: &Path,
+        files: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, PolicyError> {
+        let streams = files.get(STREAMS_FILE).cloned().ok_or_else(|| {
+            io_error(
+                &dir.join(STREAMS_FILE),
+                &std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })?;
+        let areas = files.get(AREAS_FILE).cloned();
+        let mut regions = std::collections::BTreeMap::new();
+        if let Some(af) = areas
+            .as_deref()
+            .and_then(|t| toml::from_str::<AreasFile>(t).ok())
+        {
+            for path in af.areas.iter().filter_map(|a| a.geojson.as_ref()) {
+                let text = match files.get(&path.0) {
+                    None => Err("not given with the policy".to_owned()),
+                    Some(t) if t.len() > super::MAX_REGION_FILE_BYTES => Err(format!(
+                        "over the limit of {} bytes (16 MiB) for one region file: simplify \
+                         the outline",
+                        super::MAX_REGION_FILE_BYTES
+                    )),
+                    Some(t) => Ok(t.clone()),
+                };
+                regions.entry(path.0.clone()).or_insert(text);
+            }
+        }
+        Ok(PolicyFiles {
+            dir: dir.to_owned(),
+            streams,
+            areas,
+            regions,
+        })
+    }
+
+    /// The files by name, as [`PolicyFiles::from_files`] reads them (region files that could
+    /// not be read are left out).
+    pub fn files(&self) -> std::collections::BTreeMap<String, String> {
+        let mut files = std::collections::BTreeMap::new();
+        files.insert(STREAMS_FILE.to_owned(), self.streams.clone());
+        if let Some(areas) = &self.areas {
+            files.insert(AREAS_FILE.to_owned(), areas.clone());
+        }
+        for (path, text) in &self.regions {
+            if let Ok(text) = text {
+                files.insert(path.clone(), text.clone());
+            }
+        }
+        files
+    }
+
     /// Policy contents given as text (tests, tools), as if read from a directory `p`.
     pub fn from_texts(streams: &str, areas: Option<&str>) -> Self {
         PolicyFiles {

@@ -23,7 +23,7 @@ use h3o::{CellIndex, LatLng, Resolution};
 use serde::{Deserialize, Serialize};
 
 pub use compile::{Compiled, PolicyFiles, compile, load_dir};
-pub use curve::{Curve, Rank};
+pub use curve::{BANDS, Curve, Rank, band};
 pub use error::{Location, PolicyError, Warning};
 pub use regions::{MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS};
 
@@ -174,7 +174,7 @@ pub enum Mode {
 }
 
 /// Index of a stream in a [`Policy`]. Valid only for the policy that issued it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StreamId(u32);
 
 impl StreamId {
@@ -185,7 +185,7 @@ impl StreamId {
 }
 
 /// Index of an area in a [`Policy`]. Valid only for the policy that issued it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AreaId(u32);
 
 impl AreaId {

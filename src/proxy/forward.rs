@@ -20,6 +20,7 @@ use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
+use crate::record::Note;
 use crate::upstream::{ForwardBody, UpstreamOutcome};
 
 /// A request whose body streams to the upstream unread, bounded in size and time.
@@ -57,6 +58,21 @@ where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
+    let mut req = req;
+    // The access log's note: the decision's, else a body streamed through unread.
+    let mut note = shared.recording().then(|| {
+        req.extensions_mut()
+            .remove::<Note>()
+            .unwrap_or_else(|| Note {
+                stream,
+                rule: Some(if stream.is_some() {
+                    crate::admission::Rule::NeverShed
+                } else {
+                    crate::admission::Rule::UnknownStream
+                }),
+                ..Note::default()
+            })
+    });
     let class = snapshot.policy.class_of(stream);
     let counts = snapshot.metrics.counts(stream);
     counts.accepted(shared.sources().now());
@@ -82,7 +98,8 @@ where
                 shared
                     .pressure
                     .record_latency(snapshot.policy.cost_slot(stream), limit);
-                return reject(
+                let mut response = reject(
+                    &shared,
                     &snapshot,
                     stream,
                     Rejection::ClassTimeout {
@@ -90,6 +107,12 @@ where
                         limit,
                     },
                 );
+                if let Some(mut note) = note.take() {
+                    note.outcome = Some(Outcome::UpstreamError);
+                    note.reason = Some("class-timeout");
+                    response.extensions_mut().insert(note);
+                }
+                return response;
             }
         },
     };
@@ -107,7 +130,8 @@ where
         let now = shared.skew.correct(shared.sources().now());
         shared.devices.delivered(device, at, now);
     }
-    match response.extensions().get::<UpstreamOutcome>() {
+    let mut response = response;
+    let outcome = match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
             shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
             // Only an answer that served the request measures how long serving takes. A 5xx
@@ -125,29 +149,34 @@ where
                 read_load_report(&shared, m.global(), response.headers(), field);
             }
             m.global().observe_latency(*latency);
-            m.request(stream, Outcome::Forwarded);
+            (Outcome::Forwarded, None)
         }
         Some(UpstreamOutcome::AnsweredEarly) => {
             shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
             if let Some(field) = &shared.settings.load_report {
                 read_load_report(&shared, m.global(), response.headers(), field);
             }
-            m.request(stream, Outcome::Forwarded);
+            (Outcome::Forwarded, None)
         }
         Some(UpstreamOutcome::TimedOut { after }) => {
             // A timeout is overload: it counts as a sample at least as slow as the timeout.
             shared
                 .pressure
                 .record_latency(snapshot.policy.cost_slot(stream), *after);
-            m.global()
-                .proxy_error(crate::metrics::ErrorKind::GatewayTimeout);
-            m.request(stream, Outcome::UpstreamError);
+            let kind = crate::metrics::ErrorKind::GatewayTimeout;
+            m.global().proxy_error(kind);
+            (Outcome::UpstreamError, Some(kind.as_str()))
         }
         Some(UpstreamOutcome::Failed(kind)) => {
             m.global().proxy_error(*kind);
-            m.request(stream, kind.outcome());
+            (kind.outcome(), Some(kind.as_str()))
         }
-        None => m.request(stream, Outcome::UpstreamError),
+        None => (Outcome::UpstreamError, None),
+    };
+    m.request(stream, outcome.0);
+    if let Some(mut note) = note {
+        (note.outcome, note.reason) = (Some(outcome.0), outcome.1);
+        response.extensions_mut().insert(note);
     }
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
 }
@@ -221,16 +250,25 @@ pub(super) fn shed_outside_decide(
     m.shed(stream, None, decision.verdict);
     m.request(stream, Outcome::Shed);
     m.counts(stream).shed(reason, shared.sources().now());
-    Rejection::Shed {
+    let mut response = Rejection::Shed {
         explanation: Explanation::new(policy, name, &decision),
         retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
     }
-    .into_response()
+    .into_response();
+    shared.note(&mut response, || Note {
+        stream,
+        outcome: Some(Outcome::Shed),
+        reason: Some(reason.as_str()),
+        rule: Some(decision.rule),
+        ..Note::default()
+    });
+    response
 }
 
 /// Answers a request the proxy refuses or gives up on, counting it: outcome `rejected` for
 /// the client's faults, `upstream_error` for the upstream's (by [`crate::metrics::ErrorKind::outcome`]).
 pub(super) fn reject(
+    shared: &Shared,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     rejection: Rejection,
@@ -243,5 +281,13 @@ pub(super) fn reject(
         None => Outcome::Rejected,
     };
     snapshot.metrics.request(stream, outcome);
-    rejection.into_response()
+    let reason = rejection.slug();
+    let mut response = rejection.into_response();
+    shared.note(&mut response, || Note {
+        stream,
+        outcome: Some(outcome),
+        reason: Some(reason),
+        ..Note::default()
+    });
+    response
 }

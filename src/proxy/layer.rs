@@ -19,7 +19,8 @@ pub struct AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer deciding with the live policy in `store` and the pressure in `pressure`,
-    /// sheddable bodies drawing on `buffers`, devices remembered in `devices`. The clock and
+    /// sheddable bodies drawing on `buffers`, devices remembered in `devices`, answers written
+    /// to the access log and decided in the preview's shadow as `records` says. The clock and
     /// the draw are the store's ([`PolicyStore::sources`]): one per proxy.
     pub fn new(
         store: Arc<PolicyStore>,
@@ -27,6 +28,7 @@ impl AdmissionLayer {
         buffers: Arc<BufferBudget>,
         devices: Arc<crate::devices::DeviceTable>,
         settings: AdmissionSettings,
+        records: crate::record::Records,
     ) -> Self {
         AdmissionLayer {
             shared: Arc::new(Shared {
@@ -38,6 +40,7 @@ impl AdmissionLayer {
                 devices,
                 skew: crate::clock::skew::ClockSkew::default(),
                 load_report_warned: std::sync::atomic::AtomicBool::new(false),
+                records,
             }),
         }
     }

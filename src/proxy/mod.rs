@@ -11,8 +11,9 @@
 //! `resolve.rs` (route and stream before the body), `read.rs` (a sheddable body read and
 //! decided), `memory.rs` (the budget of buffered body bytes), `budget.rs` (class budgets
 //! and the capped wait), `forward.rs` (in-flight
-//! accounting and the upstream call), `future.rs` (the response future), and `body.rs` (the
-//! body wrappers).
+//! accounting and the upstream call), `future.rs` (the response future), `body.rs` (the
+//! body wrappers), and `record.rs` (the access log's entry and the preview's shadow
+//! decision).
 
 mod body;
 mod budget;
@@ -21,6 +22,7 @@ mod future;
 mod layer;
 mod memory;
 mod read;
+mod record;
 mod resolve;
 mod service;
 
@@ -70,6 +72,8 @@ struct Shared {
     /// Whether an unreadable load report was logged at warn yet (later ones log at debug;
     /// the counter counts them all).
     load_report_warned: std::sync::atomic::AtomicBool,
+    /// The access log and the policy preview.
+    records: crate::record::Records,
 }
 
 impl Shared {

@@ -19,7 +19,7 @@ use super::forward::{forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation};
 use crate::BoxError;
 use crate::admission::{
-    DeviceHistory, Reading, ShedReason, Verdict, assess, decide, schedule_floor,
+    DeviceHistory, Reading, ShedReason, Verdict, assess_with_device, decide, schedule_floor,
 };
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::extract::coding::{DecodeError, decoded};
@@ -27,6 +27,8 @@ use crate::extract::{BodyState, Coordinates, EventTime};
 use crate::live::store::Snapshot;
 use crate::metrics::{Fact, Outcome};
 use crate::policy::Supersession;
+use crate::record::preview::Live;
+use crate::record::{Decided, Note};
 use crate::upstream::ForwardBody;
 
 /// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
@@ -58,7 +60,7 @@ where
         Limited::new(Budgeted::new(body, reservation.clone()), limit).collect(),
     );
     let bytes = match read.await {
-        Err(_) => return reject(&snapshot, stream, Rejection::BodyTimeout),
+        Err(_) => return reject(&shared, &snapshot, stream, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
             return shed_outside_decide(&shared, &snapshot, stream, ShedReason::Memory);
         }
@@ -66,11 +68,11 @@ where
             let rejection = Rejection::PayloadTooLarge {
                 limit: settings.max_body,
             };
-            return reject(&snapshot, stream, rejection);
+            return reject(&shared, &snapshot, stream, rejection);
         }
         Ok(Err(e)) => {
             let rejection = Rejection::BadBody(format!("request body: {e}"));
-            return reject(&snapshot, stream, rejection);
+            return reject(&shared, &snapshot, stream, rejection);
         }
         Ok(Ok(collected)) => collected.to_bytes(),
     };
@@ -99,7 +101,12 @@ where
     let readable = match decoded {
         Ok(readable) => readable,
         Err(DecodeError::TooLarge { limit }) => {
-            return reject(&snapshot, stream, Rejection::PayloadTooLarge { limit });
+            return reject(
+                &shared,
+                &snapshot,
+                stream,
+                Rejection::PayloadTooLarge { limit },
+            );
         }
         Err(DecodeError::Unreadable(why)) => {
             // Its facts are unreadable (counted as `fact="body"` below); it is forwarded
@@ -109,7 +116,7 @@ where
         }
     };
     let policy = &snapshot.policy;
-    let (stream, facts) = assess(
+    let (stream, facts, device_text) = assess_with_device(
         policy,
         read_as,
         &parts.headers,
@@ -153,7 +160,9 @@ where
     // decision goes back into the table, under one lock of its shard.
     let device = facts.device.filter(|_| sheddable);
     let (draw, load) = (shared.sources().draw(), shared.load());
-    let decide_with = |history: Option<DeviceHistory>| {
+    let mut given: Option<DeviceHistory> = None;
+    let mut decide_with = |history: Option<DeviceHistory>| {
+        given = history;
         decide(policy, stream, &facts, now, pressure, draw, &load, history)
     };
     let mut decision = match device {
@@ -171,6 +180,50 @@ where
         }
     };
     decision.schedule = schedule;
+    let pinned = shared.pressure.is_pinned();
+    let raw = if pinned {
+        pressure
+    } else {
+        shared.pressure.admission_pressure()
+    };
+    shared.preview(
+        &snapshot,
+        &Live {
+            stream: stream.map(|id| policy.stream_policy(id).name.as_str()),
+            facts: &facts,
+            now,
+            local: local_now,
+            pressure_raw: raw,
+            pinned,
+            draw,
+            load,
+            device: device.map(|id| (id, given)),
+            verdict: decision.verdict,
+        },
+    );
+    // The access log's note: the decision and every input it read.
+    let note = shared.recording().then(|| Note {
+        stream,
+        outcome: None,
+        reason: None,
+        rule: Some(decision.rule),
+        facts: Some(facts),
+        decided: Some(Decided {
+            decision,
+            now,
+            local: local_now,
+            pressure_raw: raw,
+            pinned,
+            draw,
+            load,
+            buffered: shared.buffers.used(),
+            history: given,
+        }),
+        device: device_text
+            .filter(|_| sheddable)
+            .map(String::into_boxed_str),
+        request_bytes: Some(bytes.len() as u64),
+    });
     m.shed(stream, decision.area, decision.verdict);
     if sheddable && matches!(decision.verdict, Verdict::Admit | Verdict::WouldShed(_)) {
         m.admitted(stream, decision.area);
@@ -221,7 +274,12 @@ where
             };
             m.request(stream, Outcome::Shed);
             m.counts(stream).shed(reason, local_now);
-            rejection.into_response()
+            let mut response = rejection.into_response();
+            if let Some(mut note) = note {
+                (note.outcome, note.reason) = (Some(Outcome::Shed), Some(reason.as_str()));
+                response.extensions_mut().insert(note);
+            }
+            response
         }
         Verdict::Admit | Verdict::WouldShed(_) => {
             let body = Full::new(bytes)
@@ -246,6 +304,10 @@ where
                 crate::extract::EventTime::At(at) => Some(at),
                 _ => None,
             });
+            let mut parts = parts;
+            if let Some(note) = note {
+                parts.extensions.insert(note);
+            }
             let response = forward(
                 shared.clone(),
                 inner,

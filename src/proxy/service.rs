@@ -16,6 +16,7 @@ use super::budget::{capped, hold_for_room};
 use super::forward::{forward, reject, stream_through};
 use super::future::ResponseFuture;
 use super::read::admit_sheddable;
+use super::record::{Start, finish};
 use super::resolve::resolve;
 use crate::BoxError;
 use crate::edge::rejection::{Body, Rejection};
@@ -51,10 +52,38 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<B>) -> ResponseFuture {
+    fn call(&mut self, req: Request<B>) -> ResponseFuture {
         let shared = Arc::clone(&self.shared);
-        let inner = self.inner.clone();
         let snapshot = shared.store.load();
+        match &shared.records.log {
+            None => self.admit(shared, snapshot, req),
+            Some(log) => {
+                let (log, start) = (Arc::clone(log), Start::of(log, &req));
+                let answer = self.admit(Arc::clone(&shared), Arc::clone(&snapshot), req);
+                finish(shared, log, start, snapshot, answer)
+            }
+        }
+    }
+}
+
+impl<S> Admission<S> {
+    /// The framing check, the stream's resolution, and the branch.
+    fn admit<B>(
+        &mut self,
+        shared: Arc<Shared>,
+        snapshot: Arc<crate::live::store::Snapshot>,
+        mut req: Request<B>,
+    ) -> ResponseFuture
+    where
+        S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send,
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let inner = self.inner.clone();
         let flagged = req
             .extensions()
             .get::<crate::edge::framing::AmbiguousFraming>();
@@ -62,11 +91,16 @@ where
             .map(|f| f.0.clone())
             .or_else(|| ambiguous_framing(req.headers()))
         {
-            return ResponseFuture::ready(reject(&snapshot, None, Rejection::BadFraming(why)));
+            return ResponseFuture::ready(reject(
+                &shared,
+                &snapshot,
+                None,
+                Rejection::BadFraming(why),
+            ));
         }
         match crate::edge::target::local_answer(&mut req) {
             Some(Local::Reject(rejection)) => {
-                return ResponseFuture::ready(reject(&snapshot, None, *rejection));
+                return ResponseFuture::ready(reject(&shared, &snapshot, None, *rejection));
             }
             Some(Local::ServerOptions) => {
                 return ResponseFuture::ready(crate::edge::rejection::server_options());
@@ -92,7 +126,7 @@ where
             let rejection = Rejection::PayloadTooLarge {
                 limit: shared.settings.max_body,
             };
-            return ResponseFuture::ready(reject(&snapshot, stream, rejection));
+            return ResponseFuture::ready(reject(&shared, &snapshot, stream, rejection));
         }
         let sheddable = match reading.known {
             None => true,
@@ -105,6 +139,10 @@ where
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
             // through, still bounded in size and time.
+            shared.preview_unread(
+                &snapshot,
+                stream.map(|id| policy.stream_policy(id).name.as_str()),
+            );
             let class = snapshot.policy.class_of(stream);
             if capped(&shared, &snapshot.policy, class) {
                 return ResponseFuture::boxed(async move {

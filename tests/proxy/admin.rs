@@ -97,6 +97,8 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
             // A time in the future (`held.rs`), a device's second admitted fix (`devices.rs`).
             shedgate::metrics::EVENT_LEAD,
             shedgate::metrics::DEVICE_GAP,
+            // A policy preview running (`preview.rs`).
+            shedgate::metrics::PREVIEW_DECISIONS,
         ]
         .contains(name)
         {

@@ -1,5 +1,6 @@
 //! Integration tests: the proxy over real loopback sockets in front of a real mock upstream.
 
+mod access_log;
 mod admin;
 mod cases;
 mod classes;
@@ -17,8 +18,10 @@ mod load_report;
 mod memory;
 mod operator;
 mod pool;
+mod preview;
 mod processes;
 mod reload;
+mod replay;
 #[cfg(feature = "demo")]
 mod replicas;
 #[cfg(feature = "demo")]

@@ -172,11 +172,22 @@ pub struct Spawned {
 impl Spawned {
     /// Starts `shedgate ARGS` with `RUST_LOG=info` and no colours.
     pub fn start(args: &[&std::ffi::OsStr]) -> Self {
+        Self::spawn(args, std::process::Stdio::inherit())
+    }
+
+    /// As [`Spawned::start`], with standard output a pipe (`child.stdout`) the test reads, or
+    /// leaves unread.
+    pub fn start_piped(args: &[&std::ffi::OsStr]) -> Self {
+        Self::spawn(args, std::process::Stdio::piped())
+    }
+
+    fn spawn(args: &[&std::ffi::OsStr], stdout: std::process::Stdio) -> Self {
         use std::io::BufRead as _;
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .stdout(stdout)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();

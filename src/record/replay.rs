@@ -1,0 +1,465 @@
+//! A log's decisions made again (`shedgate replay`): each line's recorded facts, pressure,
+//! draw, load and device history go through the same pure [`decide`] the proxy runs.
+//!
+//! - A line decided under the policy given (same version) must come out the same: verdict,
+//!   rule, area, rank, probability, pressure and device credit, to the bit. Anything else is a
+//!   mismatch, reported with its line number.
+//! - A line decided under another policy is compared: what it was then and what the policy
+//!   given makes of it now, counted by stream, area and rank band ([`Tally`]). Open-loop: the
+//!   recorded pressure is replayed, though a policy that admits more would raise it.
+//! - A body that streamed through unread (a `never` or unknown stream's) has no facts: under a
+//!   policy that makes its stream sheddable it is undecidable, counted, never guessed.
+//! - Answers not decided by the policy (rejections, a capped class's wait, the buffered-bytes
+//!   budget) are counted apart.
+//!
+//! Facts come back from what a line holds: a point is its resolution-4 cell's centre, which
+//! is in the same cell, so the same area, under any areas file (areas are sets of
+//! resolution-4 cells). A batch is replayed by its recorded deciding event.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::line::{Line, parse_body, parse_time};
+use super::tally::{Key, Side, Tally};
+use crate::admission::{
+    Decision, DeviceHistory, Load, Rule, ShedReason, Verdict, decide, schedule_floor,
+};
+use crate::clock::UnixMillis;
+use crate::extract::{Coordinates, EventTime, Facts};
+use crate::policy::{Policy, Supersession};
+use crate::pressure::Pressure;
+
+/// Counts of one replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Lines read (blank lines aside).
+    pub lines: u64,
+    /// Decisions made under the policy given, made again identically.
+    pub reproduced: u64,
+    /// Decisions made under the policy given that came out otherwise.
+    pub mismatched: u64,
+    /// Decisions made under another policy, compared.
+    pub compared: u64,
+    /// Bodies streamed through unread, under a policy that would need their facts.
+    pub undecidable: u64,
+    /// Bodies streamed through unread whose stream the policy still never sheds.
+    pub unread: u64,
+    /// Answers no policy decided (rejections, budget waits, buffered-bytes sheds).
+    pub outside: u64,
+}
+
+/// A decision that did not come out the same under its own policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mismatch {
+    /// 1-based line number.
+    pub line: u64,
+    /// What the line recorded.
+    pub recorded: String,
+    /// What the decision is now.
+    pub replayed: String,
+}
+
+/// A line that is not an access-log line, or states an impossible decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {why}")]
+pub struct LineError {
+    /// 1-based line number.
+    pub line: u64,
+    /// What is wrong.
+    pub why: String,
+}
+
+/// A replay in progress under one policy.
+#[derive(Debug)]
+pub struct Replay<'p> {
+    policy: &'p Policy,
+    /// Counts so far.
+    pub stats: Stats,
+    /// Compared decisions (lines of other policies and unread bodies).
+    pub tally: Tally,
+    /// Every mismatch.
+    pub mismatches: Vec<Mismatch>,
+    /// Lines per policy version.
+    pub versions: BTreeMap<String, u64>,
+    span: Option<(UnixMillis, UnixMillis)>,
+}
+
+impl<'p> Replay<'p> {
+    /// A replay under `policy`.
+    pub fn new(policy: &'p Policy) -> Self {
+        Replay {
+            policy,
+            stats: Stats::default(),
+            tally: Tally::default(),
+            mismatches: Vec::new(),
+            versions: BTreeMap::new(),
+            span: None,
+        }
+    }
+
+    /// Seconds from the first compared line to the last (0 with fewer than two).
+    pub fn seconds(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
+        self.span.map_or(0.0, |(first, last)| {
+            last.since(first).max(0) as f64 / 1000.0
+        })
+    }
+
+    /// Replays line `number` (1-based) of text `text` (one JSON line, newline optional).
+    ///
+    /// # Errors
+    /// [`LineError`] when it is not an access-log line (bad JSON, a field out of its
+    /// domain); nothing is counted for it.
+    pub fn line(&mut self, number: u64, text: &str) -> Result<(), LineError> {
+        let text = text.trim_end();
+        if text.is_empty() {
+            return Ok(());
+        }
+        let fail = |why: String| LineError { line: number, why };
+        let line: Line<'_> = serde_json::from_str(text)
+            .map_err(|e| fail(format!("not a shedgate access-log line: {e}")))?;
+        let at = parse_time(&line.time)
+            .ok_or_else(|| fail(format!("time {:?} is not RFC 3339", line.time)))?;
+        self.stats.lines += 1;
+        if let Some(n) = self.versions.get_mut(line.policy.as_ref()) {
+            *n += 1;
+        } else {
+            self.versions.insert(line.policy.to_string(), 1);
+        }
+        let policy = self.policy;
+        let stream = line.stream.as_deref().and_then(|n| policy.stream(n));
+        let weight = 1.0 / line.sample.clamp(f64::MIN_POSITIVE, 1.0);
+        let same = line.policy == policy.version();
+        let Some(draw) = line.draw else {
+            // Not decided by `decide`: a body streamed through, or an answer of its own.
+            let streamed = line.body == "unread"
+                && matches!(
+                    line.rule.as_deref().and_then(Rule::parse),
+                    Some(Rule::NeverShed | Rule::UnknownStream)
+                );
+            if !streamed {
+                self.stats.outside += 1;
+                return Ok(());
+            }
+            let sheddable = stream.is_some_and(|id| {
+                policy.stream_policy(id).supersession == Supersession::SelfSuperseding
+            });
+            if sheddable {
+                self.stats.undecidable += 1;
+                let key = Key::undecided(stream, policy);
+                self.tally
+                    .add(key, Side::Admitted, Side::Undecidable, weight);
+            } else {
+                self.stats.unread += 1;
+                if !same {
+                    let key = Key::undecided(stream, policy);
+                    self.tally.add(key, Side::Admitted, Side::Admitted, weight);
+                }
+            }
+            return Ok(());
+        };
+        let recorded = recorded_verdict(&line).map_err(fail)?;
+        let inputs = Inputs::of(&line, at).map_err(fail)?;
+        let pressure = if inputs.pinned {
+            inputs.raw
+        } else {
+            schedule_floor(policy, at, inputs.raw).0
+        };
+        let decision = decide(
+            policy,
+            stream,
+            &inputs.facts,
+            inputs.now,
+            pressure,
+            draw,
+            &inputs.load,
+            inputs.history,
+        );
+        if same {
+            match differs(&line, recorded, &decision, policy) {
+                None => self.stats.reproduced += 1,
+                Some(replayed) => {
+                    self.stats.mismatched += 1;
+                    self.mismatches.push(Mismatch {
+                        line: number,
+                        recorded: describe_line(&line, recorded),
+                        replayed,
+                    });
+                }
+            }
+        } else {
+            self.stats.compared += 1;
+            self.span = Some(match self.span {
+                None => (at, at),
+                Some((first, last)) => (first.min(at), last.max(at)),
+            });
+            let key = Key::of(stream, &decision);
+            self.tally
+                .add(key, Side::of(recorded), Side::of(decision.verdict), weight);
+        }
+        Ok(())
+    }
+}
+
+/// The verdict a decided line records: its rule and any warn-mode would-shed.
+fn recorded_verdict(line: &Line<'_>) -> Result<Verdict, String> {
+    let rule = line.rule.as_deref().ok_or("a decision without a rule")?;
+    let rule = Rule::parse(rule).ok_or_else(|| format!("rule {rule:?} is not a rule"))?;
+    let would = match line.would_shed.as_deref() {
+        None => None,
+        Some(r) => Some(ShedReason::parse(r).ok_or_else(|| format!("{r:?} is not a reason"))?),
+    };
+    Ok(match (would, rule.shed_reason()) {
+        (Some(reason), _) => Verdict::WouldShed(reason),
+        (None, Some(reason)) => Verdict::Shed(reason),
+        (None, None) => Verdict::Admit,
+    })
+}
+
+/// The inputs of [`decide`] a line holds besides the stream.
+struct Inputs {
+    facts: Facts,
+    now: UnixMillis,
+    raw: Pressure,
+    pinned: bool,
+    load: Load,
+    history: Option<DeviceHistory>,
+}
+
+impl Inputs {
+    fn of(line: &Line<'_>, at: UnixMillis) -> Result<Self, String> {
+        let body = parse_body(&line.body).ok_or_else(|| format!("body {:?}", line.body))?;
+        let coordinates = match (line.points.as_deref(), line.cell.as_deref()) {
+            (Some("valid"), Some(cell)) => {
+                let cell: h3o::CellIndex = cell
+                    .parse()
+                    .map_err(|e| format!("cell {cell:?} is not an H3 cell: {e}"))?;
+                let centre = h3o::LatLng::from(cell);
+                Coordinates::new(centre.lat(), centre.lng())
+            }
+            (Some("invalid"), _) => Coordinates::Invalid,
+            (Some("missing") | None, _) => Coordinates::Missing,
+            (Some(other), _) => return Err(format!("points {other:?}")),
+        };
+        let time = match (line.event_time.as_deref(), line.event_ms) {
+            (Some("read"), Some(ms)) => EventTime::At(UnixMillis(ms)),
+            (Some("invalid"), _) => EventTime::Invalid,
+            (Some("missing") | None, _) => EventTime::Missing,
+            (Some(other), _) => return Err(format!("event_time {other:?}")),
+        };
+        let raw = line
+            .pressure_raw
+            .or(line.pressure)
+            .ok_or("a decision without its pressure")?;
+        let load = line.load.ok_or("a decision without its load")?;
+        Ok(Inputs {
+            facts: Facts {
+                body,
+                coordinates,
+                time,
+                ambiguous: line.ambiguous,
+                device: None,
+            },
+            now: UnixMillis(at.0 + line.clock_offset_ms.unwrap_or(0)),
+            raw: Pressure::new(raw).ok_or_else(|| format!("pressure {raw} is not in [0, 1]"))?,
+            pinned: line.pinned,
+            load: Load {
+                class_inflight: load.class_inflight,
+                total: load.total,
+                capacity: load.capacity,
+            },
+            history: line.device_history.map(DeviceHistory::from),
+        })
+    }
+}
+
+/// `None` when `decision` is the one `line` records; else the decision, described.
+fn differs(
+    line: &Line<'_>,
+    recorded: Verdict,
+    decision: &Decision,
+    policy: &Policy,
+) -> Option<String> {
+    let area = decision.area.map(|a| policy.area(a).name.as_str());
+    let bits = |x: Option<f64>| x.map(f64::to_bits);
+    let same = recorded == decision.verdict
+        && line.rule.as_deref() == Some(decision.rule.as_str())
+        && line.rank == Some(decision.rank.get())
+        && line.area.as_deref() == area
+        && bits(line.probability) == Some(decision.probability.to_bits())
+        && bits(line.pressure) == Some(decision.pressure.get().to_bits())
+        && bits(line.credit_after) == bits(decision.credit);
+    (!same).then(|| {
+        format!(
+            "{} by rule {}, area {}, rank {}, probability {}, pressure {}, credit {}",
+            verdict_text(decision.verdict),
+            decision.rule.as_str(),
+            area.unwrap_or("-"),
+            decision.rank,
+            decision.probability,
+            decision.pressure.get(),
+            decision
+                .credit
+                .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+        )
+    })
+}
+
+fn describe_line(line: &Line<'_>, recorded: Verdict) -> String {
+    format!(
+        "{} by rule {}, area {}, rank {}, probability {}, pressure {}, credit {}",
+        verdict_text(recorded),
+        line.rule.as_deref().unwrap_or("-"),
+        line.area.as_deref().unwrap_or("-"),
+        line.rank.map_or_else(|| "-".to_owned(), |r| r.to_string()),
+        line.probability
+            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
+        line.pressure
+            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
+        line.credit_after
+            .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+    )
+}
+
+fn verdict_text(v: Verdict) -> String {
+    match v {
+        Verdict::Admit => "admit".to_owned(),
+        Verdict::Shed(r) => format!("shed ({})", r.as_str()),
+        Verdict::WouldShed(r) => format!("would-shed ({})", r.as_str()),
+    }
+}
+
+/// Most mismatches and bad lines a report lists one by one (all are counted).
+pub const LISTED: usize = 20;
+
+/// A whole log replayed: [`Replay`]'s counts, the lines that were not access-log lines, and
+/// the time it took.
+#[derive(Debug)]
+pub struct Run<'p> {
+    /// The replay.
+    pub replay: Replay<'p>,
+    /// Lines that are not access-log lines (every one; the first [`LISTED`] printed).
+    pub errors: Vec<LineError>,
+}
+
+impl<'p> Run<'p> {
+    /// Replays every line `log` holds under `policy`.
+    ///
+    /// # Errors
+    /// The reader's I/O error (the log cannot be read).
+    pub fn read(mut log: impl std::io::BufRead, policy: &'p Policy) -> std::io::Result<Self> {
+        let mut replay = Replay::new(policy);
+        let mut errors = Vec::new();
+        let mut text = String::new();
+        let mut number = 0u64;
+        loop {
+            text.clear();
+            if log.read_line(&mut text)? == 0 {
+                break;
+            }
+            number += 1;
+            if let Err(e) = replay.line(number, &text) {
+                errors.push(e);
+            }
+        }
+        Ok(Run { replay, errors })
+    }
+
+    /// Whether every decision of the policy given came out the same and every line read.
+    pub fn passed(&self) -> bool {
+        self.replay.stats.mismatched == 0 && self.errors.is_empty()
+    }
+
+    /// The report as text.
+    pub fn text(&self, source: &str) -> String {
+        use std::fmt::Write as _;
+        let r = &self.replay;
+        let s = &r.stats;
+        let version = r.policy.version();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "replayed {} lines of {source} under policy {version}",
+            s.lines
+        );
+        let _ = writeln!(
+            out,
+            "  decided under this policy:    {} reproduced, {} mismatched",
+            s.reproduced, s.mismatched
+        );
+        let others: Vec<String> = r
+            .versions
+            .iter()
+            .filter(|(v, _)| v.as_str() != version)
+            .map(|(v, n)| format!("{v}: {n} lines"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  decided under other policies: {}{}",
+            s.compared,
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", others.join(", "))
+            }
+        );
+        let _ = writeln!(
+            out,
+            "  bodies streamed through unread: {} still never shed, {} undecidable under this \
+             policy (it would need their facts)",
+            s.unread, s.undecidable
+        );
+        let _ = writeln!(
+            out,
+            "  not decided by a policy:      {} (rejections, budget waits, buffered-bytes \
+             sheds)",
+            s.outside
+        );
+        for m in r.mismatches.iter().take(LISTED) {
+            let _ = writeln!(
+                out,
+                "line {}: mismatch: recorded {}; replayed {}",
+                m.line, m.recorded, m.replayed
+            );
+        }
+        if r.mismatches.len() > LISTED {
+            let _ = writeln!(
+                out,
+                "... and {} more mismatches",
+                r.mismatches.len() - LISTED
+            );
+        }
+        for e in self.errors.iter().take(LISTED) {
+            let _ = writeln!(out, "{e}");
+        }
+        if self.errors.len() > LISTED {
+            let _ = writeln!(out, "... and {} more bad lines", self.errors.len() - LISTED);
+        }
+        if !r.tally.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nThe other policies' decisions under {version}, over {:.1} s of traffic \
+                 (open-loop: the recorded pressure is replayed; a policy that admits more \
+                 would in reality raise it):",
+                r.seconds()
+            );
+            out.push_str(&r.tally.table(r.policy, r.seconds()));
+        }
+        out
+    }
+
+    /// The report as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        let r = &self.replay;
+        serde_json::json!({
+            "policy": r.policy.version(),
+            "stats": r.stats,
+            "versions": r.versions,
+            "mismatches": r.mismatches,
+            "errors": self.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "seconds": r.seconds(),
+            "rows": r.tally.rows(r.policy, r.seconds()),
+        })
+    }
+}

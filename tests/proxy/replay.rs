@@ -1,0 +1,209 @@
+//! `shedgate replay` on logs the proxy wrote over real sockets: every decision comes out the
+//! same under its own policy; another areas file gives the deltas worked out by hand; bodies
+//! never read are undecidable under a policy that needs them.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use shedgate::record::replay::Run;
+use shedgate::signals::Signals;
+
+use super::access_log::{STREAMS, fix, lines, logging, secret};
+use super::support::*;
+
+/// Berlin's cell at rank 90 (shed first), everything else at 50.
+const BERLIN_LOW: &str = r#"
+default_rank = 50
+[[areas]]
+name = "berlin"
+rank = 90
+cells = ["841f1d5ffffffff"]
+"#;
+
+/// Places spread over Europe: Berlin, Munich and a few dozen points around them, so that
+/// several cells, both areas and both bands are decided.
+fn places() -> Vec<(f64, f64)> {
+    let mut places = vec![BERLIN, MUNICH];
+    for i in 0..40 {
+        let f = f64::from(i);
+        places.push((48.0 + (f * 0.37) % 6.0, 8.0 + (f * 0.53) % 9.0));
+    }
+    places
+}
+
+fn compiled(dir: &Path) -> shedgate::policy::Policy {
+    shedgate::policy::load_dir(dir)
+        .expect("policy compiles")
+        .policy
+}
+
+/// An overload run under the live policy (pressure pinned at 0.6, 0.75 and 0.9 in turn,
+/// devices reporting, stale and superseded fixes, `never` events), then its log replayed:
+/// every decision made again identically, through the library and through the command.
+#[tokio::test]
+async fn a_recorded_overload_replays_exactly_under_its_own_policy() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::new(STREAMS, Some(BERLIN_LOW));
+    let dir = tempfile::tempdir().unwrap();
+    let (secret_file, _) = secret(dir.path());
+    let log = dir.path().join("access.log");
+    let proxy = logging(
+        &upstream.url(),
+        policy.path(),
+        &log,
+        &Signals::none(),
+        |a| {
+            a.access_log_secret_file = Some(secret_file);
+        },
+    )
+    .await;
+    let places = places();
+    let mut sent = 0;
+    for (round, pressure) in [0.6, 0.75, 0.9].into_iter().enumerate() {
+        pin(&proxy, pressure).await;
+        for (i, at) in places.iter().enumerate() {
+            let device = format!("truck-{}", i % 12);
+            let age = [5, 2, 400, 1][(i + round) % 4];
+            post(&proxy, "vehicle.position", fix(&device, *at, age)).await;
+            post(&proxy, "geofence.transition", r#"{"lat":1,"lon":2}"#).await;
+            sent += 2;
+        }
+    }
+    proxy.shutdown().await;
+    let written = lines(&log);
+    assert_eq!(written.len(), sent);
+    let decided = written.iter().filter(|l| l.get("draw").is_some()).count();
+    for reason in ["pressure", "stale"] {
+        assert!(
+            written.iter().any(|l| l["reason"] == reason),
+            "no {reason} shed in the run"
+        );
+    }
+
+    let live = compiled(policy.path());
+    let file = std::fs::File::open(&log).unwrap();
+    let run = Run::read(std::io::BufReader::new(file), &live).unwrap();
+    assert!(run.errors.is_empty(), "{:?}", run.errors);
+    let stats = run.replay.stats;
+    assert_eq!(stats.mismatched, 0, "{:#?}", run.replay.mismatches);
+    assert_eq!(usize::try_from(stats.reproduced).unwrap(), decided);
+    assert_eq!(usize::try_from(stats.unread).unwrap(), sent / 2);
+    assert_eq!(stats.compared, 0);
+
+    // The command says the same, and exits 0; a line changed by hand fails it, by number.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log"])
+        .arg(&log)
+        .arg("--policies")
+        .arg(policy.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{decided} reproduced, 0 mismatched")),
+        "{text}"
+    );
+    let mut tampered: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let at = tampered
+        .iter()
+        .position(|l| l.contains("\"rule\":\"pressure\""))
+        .unwrap();
+    tampered[at] = tampered[at].replace("\"rule\":\"pressure\"", "\"rule\":\"kept\"");
+    let bad = dir.path().join("tampered.log");
+    std::fs::write(&bad, tampered.join("\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log"])
+        .arg(&bad)
+        .arg("--policies")
+        .arg(policy.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("line {}: mismatch", at + 1)),
+        "{text}"
+    );
+}
+
+/// At pressure 0.9 the curve sheds rank 50 and 90 whole and keeps rank 5 whole (threshold 10,
+/// band narrowed to 10 ranks). Recorded with Berlin at rank 90: Berlin's and Munich's fixes all
+/// shed. Replayed with Berlin at rank 5: Berlin's all admitted, Munich's all still shed, in
+/// rows of their own; the `never` stream made sheddable is undecidable, its bodies unread.
+#[tokio::test]
+async fn a_changed_areas_file_gives_the_hand_computed_deltas() {
+    let upstream = MockUpstream::start().await;
+    let recorded = PolicyDir::new(STREAMS, Some(BERLIN_LOW));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let proxy = logging(
+        &upstream.url(),
+        recorded.path(),
+        &log,
+        &Signals::none(),
+        |_| {},
+    )
+    .await;
+    pin(&proxy, 0.9).await;
+    let (berlin, munich, never) = (30, 20, 7);
+    for i in 0..berlin {
+        let a = post(&proxy, "vehicle.position", fix(&format!("b{i}"), BERLIN, 3)).await;
+        assert_eq!(a.header("x-shed-reason"), Some("pressure"));
+    }
+    for i in 0..munich {
+        let a = post(&proxy, "vehicle.position", fix(&format!("m{i}"), MUNICH, 3)).await;
+        assert_eq!(a.header("x-shed-reason"), Some("pressure"));
+    }
+    for _ in 0..never {
+        let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+            .header("x-stream", "geofence.transition")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        assert_eq!(send(req).await.status, 200);
+    }
+    proxy.shutdown().await;
+
+    let streams = STREAMS.replace(
+        "[streams.\"geofence.transition\"]\nsupersession = \"never\"",
+        "[streams.\"geofence.transition\"]\nsupersession = \"self-superseding\"",
+    );
+    let changed = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let policy = compiled(changed.path());
+    let file = std::fs::File::open(&log).unwrap();
+    let run = Run::read(std::io::BufReader::new(file), &policy).unwrap();
+    assert!(run.passed(), "{}", run.text("log"));
+    let stats = run.replay.stats;
+    assert_eq!(stats.compared, berlin + munich);
+    assert_eq!(stats.undecidable, never);
+    let rows = run.replay.tally.rows(&policy, run.replay.seconds());
+    let row = |stream: &str, area: &str| {
+        rows.iter()
+            .find(|r| r.stream == stream && r.area == area)
+            .unwrap_or_else(|| panic!("no row {stream} {area}: {rows:#?}"))
+            .counts
+    };
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let n = |x: u64| x as f64;
+    let b = row("vehicle.position", "berlin");
+    assert_eq!(
+        (b.then_shed, b.now_admitted, b.now_shed),
+        (n(berlin), n(berlin), 0.0)
+    );
+    let m = row("vehicle.position", "-");
+    assert_eq!(
+        (m.then_shed, m.now_shed, m.now_admitted),
+        (n(munich), n(munich), 0.0)
+    );
+    let g = row("geofence.transition", "-");
+    assert_eq!((g.then_admitted, g.undecidable), (n(never), n(never)));
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    let text = run.text("log");
+    assert!(text.contains("open-loop"), "{text}");
+}
