@@ -11,6 +11,11 @@
 //! `taskset -c 0 cargo bench --bench replay`.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
+#![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a bench measures wall time; no decision reads this clock"
+)]
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -21,7 +26,7 @@ use shedgate::extract::{BodyState, Coordinates, EventTime, Facts};
 use shedgate::live::store::Snapshot;
 use shedgate::metrics::{Metrics, Outcome};
 use shedgate::pressure::Pressure;
-use shedgate::record::line::Format;
+use shedgate::record::line::{Format, Formatter};
 use shedgate::record::replay::Run;
 use shedgate::record::{Decided, Entry, Note};
 
@@ -46,12 +51,15 @@ fn main() {
         .iter()
         .position(|s| s.supersession == shedgate::policy::Supersession::Never)
         .and_then(|i| policy.stream(&policy.streams()[i].name));
-    let format = Format {
+    let format_of = |with_key: bool| Format {
         replica: "bench".into(),
         full_peer: false,
         device_key: shedgate::record::privacy::DeviceKey::new(b"a bench secret of 32 bytes......")
-            .ok(),
+            .ok()
+            .filter(|_| with_key),
     };
+    let mut formatter = Formatter::new(format_of(true));
+    let format_only = std::env::var_os("FORMAT_ONLY").is_some();
     let file = tempfile::NamedTempFile::new().expect("a temporary file");
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file.reopen().unwrap());
     let mut rng = fastrand::Rng::with_seed(7);
@@ -59,7 +67,7 @@ fn main() {
     let mut buf = Vec::with_capacity(1024);
     let written = std::time::Instant::now();
     let mut formatted = std::time::Duration::ZERO;
-    for i in 0..LINES {
+    for i in 0..if format_only { 0 } else { LINES } {
         let at = UnixMillis(start.0 + i as i64 / 10);
         let kind = rng.u32(0..100);
         let mut note = Note::default();
@@ -127,7 +135,7 @@ fn main() {
         };
         buf.clear();
         let formatting = std::time::Instant::now();
-        entry.write_line(&format, &mut buf);
+        formatter.write(&entry, &mut buf);
         formatted += formatting.elapsed();
         out.write_all(&buf).unwrap();
     }
@@ -162,6 +170,78 @@ fn main() {
             run.replay.stats.outside,
         );
     };
+    // One shed line, the commonest under overload, formatted over and over.
+    let shed = {
+        let facts = Facts {
+            body: BodyState::Json,
+            coordinates: Coordinates::new(48.1372, 11.5756),
+            time: EventTime::At(UnixMillis(start.0 - 1000)),
+            ambiguous: false,
+            device: None,
+        };
+        let pressure = Pressure::new(0.8).unwrap();
+        let history = DeviceHistory::new(0.3);
+        let decision = decide(
+            policy,
+            Some(sheddable),
+            &facts,
+            start,
+            pressure,
+            0.5,
+            &Load::IDLE,
+            Some(history),
+        );
+        Entry {
+            id: 42,
+            at: start,
+            peer: Some(std::net::IpAddr::from([10, 1, 2, 3])),
+            method: http::Method::POST,
+            target: http::Uri::from_static("/ingest"),
+            message_id: None,
+            snapshot: Arc::clone(&snapshot),
+            note: Note {
+                stream: Some(sheddable),
+                outcome: Some(Outcome::Shed),
+                reason: Some("pressure"),
+                rule: Some(decision.rule),
+                facts: Some(facts),
+                decided: Some(Decided {
+                    decision,
+                    now: start,
+                    local: start,
+                    pressure_raw: pressure,
+                    pinned: true,
+                    draw: 0.5,
+                    load: Load::IDLE,
+                    buffered: 0,
+                    history: Some(history),
+                }),
+                device: Some("veh-0042".into()),
+                request_bytes: Some(312),
+            },
+            status: 503,
+            upstream: None,
+            response_bytes: Some(250),
+            sample: 1.0,
+        }
+    };
+    for (with_key, what) in [(true, "with a device key"), (false, "without")] {
+        let mut formatter = Formatter::new(format_of(with_key));
+        let started = std::time::Instant::now();
+        let n = if format_only { 5_000_000 } else { 200_000 };
+        for _ in 0..n {
+            buf.clear();
+            formatter.write(&shed, &mut buf);
+        }
+        println!(
+            "one shed line ({} bytes), {what}: {:.3} µs to format",
+            buf.len(),
+            started.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+        );
+    }
+    if format_only {
+        return;
+    }
     replay(policy, "under their own policy");
     let mut other = shedgate::policy::PolicyFiles::read(&dir).unwrap().files();
     let areas = other.get("areas.toml").cloned().unwrap_or_default();

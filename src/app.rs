@@ -185,7 +185,7 @@ pub async fn start_with(
         records: crate::record::Records {
             log: config
                 .access_log
-                .clone()
+                .as_ref()
                 .map(|log| crate::record::AccessLog::start(log, &metrics, signals))
                 .transpose()?,
             preview: Arc::default(),

@@ -460,6 +460,7 @@ mod tests {
             },
             rule: if admitted { Rule::Kept } else { Rule::Pressure },
             area: None,
+            cell: None,
             rank: Rank::DEFAULT,
             probability: 0.5,
             pressure: Pressure::ZERO,

@@ -181,6 +181,8 @@ pub struct Decision {
     /// The configured area the event fell in, `None` for unconfigured places and unreadable
     /// coordinates.
     pub area: Option<AreaId>,
+    /// The resolution-4 cell of the event's point, when the decision located it.
+    pub cell: Option<h3o::CellIndex>,
     /// The rank used: the area's, or the policy's default rank.
     pub rank: Rank,
     /// Pressure-shed probability in `[0, 1]` at this rank and pressure (0 when the curve was
@@ -353,6 +355,7 @@ impl Decision {
             verdict: Verdict::Admit,
             rule: Rule::UnknownStream,
             area: None,
+            cell: None,
             rank: policy.default_rank(),
             probability: 0.0,
             pressure,
@@ -448,8 +451,11 @@ pub fn decide(
         decision.rule = Rule::NeverShed;
         return decision;
     }
-    if let Coordinates::Valid { lat, lon } = facts.coordinates {
-        let (area, rank) = policy.area_at(lat, lon);
+    if let Coordinates::Valid { lat, lon } = facts.coordinates
+        && let Some(cell) = Policy::cell_at(lat, lon)
+    {
+        let (area, rank) = policy.area_of_cell(cell);
+        decision.cell = Some(cell);
         decision.area = area;
         decision.rank = rank;
     }

@@ -518,10 +518,18 @@ impl Policy {
     /// see [`crate::extract::Coordinates::new`]). Unconfigured places get
     /// `(None, default_rank)`.
     pub fn area_at(&self, lat: f64, lon: f64) -> (Option<AreaId>, Rank) {
-        let Ok(ll) = LatLng::new(lat, lon) else {
-            return (None, self.default_rank);
-        };
-        self.area_of_cell(ll.to_cell(AREA_RESOLUTION))
+        match Self::cell_at(lat, lon) {
+            Some(cell) => self.area_of_cell(cell),
+            None => (None, self.default_rank),
+        }
+    }
+
+    /// The resolution-4 cell of a point, degrees (`None`: not finite; range-check first, as
+    /// [`crate::extract::Coordinates::new`] does). 200–400 ns (docs/dependencies.md "h3o").
+    pub fn cell_at(lat: f64, lon: f64) -> Option<CellIndex> {
+        LatLng::new(lat, lon)
+            .ok()
+            .map(|ll| ll.to_cell(AREA_RESOLUTION))
     }
 
     /// The area and rank of a resolution-4 cell.

@@ -91,10 +91,11 @@ pub(super) fn finish(
             .headers()
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
+            .and_then(|v| v.parse().ok())
+            .or_else(|| http_body::Body::size_hint(response.body()).exact());
         let mut note = note;
         note.request_bytes = note.request_bytes.or(start.declared);
-        log.submit(Entry {
+        log.submit(&Entry {
             id: start.id,
             at,
             peer: start.peer,

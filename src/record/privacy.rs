@@ -65,10 +65,17 @@ impl DeviceKey {
     /// The device `id` (as the request states it) hashed: the first 8 bytes of
     /// HMAC-SHA-256, as 16 hex digits. About 0.5 µs, on the writer thread.
     pub fn hash(&self, id: &str) -> String {
+        self.digest(id).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The first 8 bytes of HMAC-SHA-256 of `id`, which [`DeviceKey::hash`] writes as hex.
+    pub fn digest(&self, id: &str) -> [u8; 8] {
         let mut mac = self.0.clone();
         mac.update(id.as_bytes());
         let digest = mac.finalize().into_bytes();
-        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        let mut first = [0; 8];
+        first.copy_from_slice(&digest[..8]);
+        first
     }
 }
 

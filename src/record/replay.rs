@@ -230,23 +230,28 @@ struct Inputs {
 impl Inputs {
     fn of(line: &Line<'_>, at: UnixMillis) -> Result<Self, String> {
         let body = parse_body(&line.body).ok_or_else(|| format!("body {:?}", line.body))?;
-        let coordinates = match (line.points.as_deref(), line.cell.as_deref()) {
-            (Some("valid"), Some(cell)) => {
+        let coordinates = match (line.cell.as_deref(), line.points.as_deref()) {
+            (Some(cell), None) => {
                 let cell: h3o::CellIndex = cell
                     .parse()
                     .map_err(|e| format!("cell {cell:?} is not an H3 cell: {e}"))?;
                 let centre = h3o::LatLng::from(cell);
                 Coordinates::new(centre.lat(), centre.lng())
             }
-            (Some("invalid"), _) => Coordinates::Invalid,
-            (Some("missing") | None, _) => Coordinates::Missing,
-            (Some(other), _) => return Err(format!("points {other:?}")),
+            (None, Some("invalid")) => Coordinates::Invalid,
+            (None, Some("missing") | None) => Coordinates::Missing,
+            (_, Some(other)) => return Err(format!("points {other:?} with cell {:?}", line.cell)),
         };
-        let time = match (line.event_time.as_deref(), line.event_ms) {
-            (Some("read"), Some(ms)) => EventTime::At(UnixMillis(ms)),
-            (Some("invalid"), _) => EventTime::Invalid,
-            (Some("missing") | None, _) => EventTime::Missing,
-            (Some(other), _) => return Err(format!("event_time {other:?}")),
+        let time = match (line.event_ms, line.event_time.as_deref()) {
+            (Some(ms), None) => EventTime::At(UnixMillis(ms)),
+            (None, Some("invalid")) => EventTime::Invalid,
+            (None, Some("missing") | None) => EventTime::Missing,
+            (_, Some(other)) => {
+                return Err(format!(
+                    "event_time {other:?} with event_ms {:?}",
+                    line.event_ms
+                ));
+            }
         };
         let raw = line
             .pressure_raw
