@@ -3,7 +3,7 @@
 //! candidate policy decided in shadow beside the live one (docs/operations.md "Access log",
 //! "Replay and preview").
 //!
-//! - [`line`]: what the proxy hands over ([`line::Entry`]) and the line it becomes
+//! - [`line`](mod@line): what the proxy hands over ([`line::Entry`]) and the line it becomes
 //!   ([`line::Line`], which replay reads back).
 //! - [`privacy`]: the peer cut to its network, device ids keyed-hashed.
 //! - [`writer`]: the bounded queue and the writer thread ([`writer::AccessLog`]).

@@ -397,7 +397,7 @@ impl<'p> Run<'p> {
             .versions
             .iter()
             .filter(|(v, _)| v.as_str() != version)
-            .map(|(v, n)| format!("{v}: {n} lines"))
+            .map(|(v, n)| format!("{v}: {n} lines logged, unread bodies included"))
             .collect();
         let _ = writeln!(
             out,

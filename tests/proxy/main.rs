@@ -6,6 +6,7 @@ mod cases;
 mod classes;
 mod clock;
 mod devices;
+mod docs;
 mod faults;
 mod fuzz;
 mod geography;
