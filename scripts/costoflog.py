@@ -13,6 +13,7 @@ the log's cost as a share.
 
 Usage (project root): scripts/costoflog.py target/release/shedgate POLICIES [LOG_FLAGS...]
 (POLICIES from scripts/bench-policies.sh; DUR seconds per run, default 6; ROUNDS, default 5;
+PATHS, a comma-separated subset of yes,never-yes,no, default all three;
 LOG_FLAGS default `--access-log $TMP/access.log`). Needs wrk, nginx and taskset; binds
 127.0.0.1:18380-18382 and 19381-19382."""
 import json, os, re, shutil, signal, subprocess, sys, tempfile, time, urllib.request
@@ -86,7 +87,8 @@ for name, port, flags in (("log off", 18381, []), ("log on", 18382, LOG_FLAGS)):
         ["taskset", "-c", "1", EXE, "serve", "--listen", f"127.0.0.1:{port}", "--upstream", "http://127.0.0.1:18380",
          "--policies", POL, "--admin-listen", f"127.0.0.1:{port + 1000}", *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
-paths = (("yes", "post.lua", None), ("never yes", "never.lua", None), ("no", "no.lua", 0.8))
+paths = tuple(p for p in (("yes", "post.lua", None), ("never yes", "never.lua", None), ("no", "no.lua", 0.8))
+              if p[0].replace(" ", "-") in os.environ.get("PATHS", "yes,never-yes,no").split(","))
 results = {}
 try:
     time.sleep(1.5)

@@ -7,7 +7,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -127,15 +126,17 @@ const SWEEP: Duration = Duration::from_millis(20);
 /// writer thread's queue of chunks (docs/operations.md "Access log").
 ///
 /// A line is formatted on the request path, into a buffer the request's thread owns in
-/// effect (0.35 µs; `cargo bench --bench replay`), and chunks of about a hundred lines cross
-/// to the writer thread, which writes each in one call. Handing each line's entry across
-/// instead (a boxed 632-byte entry per request, freed on the writer thread) and waking the
-/// writer per line cost 17–22 µs a request on the bench machine; entries in a queue and a
-/// write every 20 ms, 4.5 µs on the shed path, a third of the request.
+/// effect (0.35 µs; `cargo bench --bench replay`); full buffers of about a hundred lines are
+/// queued without waking anyone, and the writer thread takes them every [`SWEEP`] and writes
+/// each in one call. `scripts/costoflog.py`, 12 paired rounds on the 2-core bench machine:
+/// +1.37 µs (+7.8%) per shed request with every line written, 0.43 µs of it the writer
+/// thread. Waking the writer per chunk instead doubled the writer's share and cost +4.3 µs.
 #[derive(Debug)]
 pub struct AccessLog {
     shards: Box<[Mutex<Shard>]>,
-    chunks: Sender<Chunk>,
+    /// Full chunks waiting for the writer, which takes them on its next sweep: a request
+    /// never wakes it (a wake per chunk was a context switch per hundred requests).
+    chunks: Mutex<Vec<Chunk>>,
     /// Lines handed to the writer and not yet written, and the most allowed.
     pending: Arc<AtomicU64>,
     limit: u64,
@@ -183,7 +184,6 @@ impl AccessLog {
         metrics: &Metrics,
         signals: &Signals,
     ) -> Result<Arc<Self>, OpenError> {
-        let (chunks, incoming) = std::sync::mpsc::channel();
         let counts = Arc::new(Counts {
             submitted: AtomicU64::new(0),
             done: AtomicU64::new(0),
@@ -201,7 +201,7 @@ impl AccessLog {
                     })
                 })
                 .collect(),
-            chunks,
+            chunks: Mutex::new(Vec::new()),
             pending: Arc::new(AtomicU64::new(0)),
             limit: config.queue.max(1) as u64,
             sampling: config.sampling,
@@ -210,7 +210,6 @@ impl AccessLog {
         });
         let (opened_tx, opened_rx) = std::sync::mpsc::channel();
         let thread = Writer {
-            incoming,
             log: Arc::downgrade(&log),
             target: config.target.clone(),
             signals: signals.clone(),
@@ -281,8 +280,8 @@ impl AccessLog {
         }
     }
 
-    /// Sends a chunk to the writer, or drops and counts it when too many lines wait. A chunk
-    /// is always taken when nothing waits, so a queue smaller than a chunk still writes.
+    /// Queues a chunk for the writer, or drops and counts it when too many lines wait. A
+    /// chunk is always taken when nothing waits, so a queue smaller than a chunk still writes.
     fn hand_over(&self, chunk: Chunk) {
         let waiting = self.pending.fetch_add(chunk.lines, Ordering::AcqRel);
         if waiting > 0 && waiting + chunk.lines > self.limit {
@@ -290,15 +289,15 @@ impl AccessLog {
             self.counts.drop_behind(chunk.lines);
             return;
         }
-        if let Err(e) = self.chunks.send(chunk) {
-            let lines = e.0.lines;
-            self.pending.fetch_sub(lines, Ordering::AcqRel);
-            self.counts.drop_behind(lines);
-        }
+        self.chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(chunk);
     }
 
-    /// Hands over what every shard holds (the writer, every [`SWEEP`]).
-    fn sweep(&self) {
+    /// What the writer writes next (every [`SWEEP`]): the queued chunks, then what every
+    /// shard holds.
+    fn sweep(&self) -> Vec<Chunk> {
         for shard in &*self.shards {
             let chunk = {
                 let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
@@ -309,6 +308,7 @@ impl AccessLog {
             };
             self.hand_over(chunk);
         }
+        std::mem::take(&mut *self.chunks.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Waits up to `limit` for every line submitted to be written (shutdown).
@@ -341,7 +341,6 @@ impl Counts {
 
 /// The writer thread.
 struct Writer {
-    incoming: Receiver<Chunk>,
     /// The log, to sweep its shards (weak: the thread ends when the log is dropped).
     log: std::sync::Weak<AccessLog>,
     target: Target,
@@ -364,23 +363,19 @@ impl Writer {
             }
         };
         let mut warned = false;
-        // Not a clock any decision reads: only how often the shards are swept.
-        #[expect(clippy::disallowed_methods, reason = "the writer thread's own pacing")]
-        let now = std::time::Instant::now;
-        let mut swept = now();
         loop {
-            match self.incoming.recv_timeout(SWEEP) {
-                Ok(chunk) => self.write(&mut *out, &chunk, &mut warned),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-            if now().saturating_duration_since(swept) >= SWEEP {
+            // Sleeps a sweep whatever the load: the writer wakes 50 times a second, not once
+            // per chunk.
+            std::thread::sleep(SWEEP);
+            let chunks = {
                 let Some(log) = self.log.upgrade() else {
                     return;
                 };
-                log.sweep();
-                swept = now();
-            }
+                log.sweep()
+            };
+            // The reopen after the chunks are taken, before they are written: a line of a
+            // request that came after SIGUSR1 is in these chunks or later ones, and goes to
+            // the new file.
             let seen = self.signals.reopens();
             if seen != reopens {
                 reopens = seen;
@@ -395,6 +390,9 @@ impl Writer {
                         "access log not reopened on SIGUSR1; still writing to the open file"
                     ),
                 }
+            }
+            for chunk in &chunks {
+                self.write(&mut *out, chunk, &mut warned);
             }
         }
     }
