@@ -3,7 +3,7 @@
 # valgrind's callgrind: unlike CPU time, the count repeats from run to run whatever else the
 # machine does (a VM's steal time made the harness's CPU figures vary threefold), so it
 # measures a hot-path change where seconds cannot. Kernel work (the loopback sockets) is
-# not counted: it is the same syscalls for both (README "Benchmarks").
+# not counted: it is the same syscalls for both (docs/benchmark-history.md).
 #
 # Both proxies run in front of the harness's fast upstream (nginx `return 204` on 18080),
 # one at a time under callgrind; oha sends the harness's 312-byte vehicle.position POST on 8
@@ -14,7 +14,7 @@
 # --example floor` for the floor):
 #   scripts/instructions.sh [--requests N] [--never] [--no-nginx] [--bin PATH]
 # --bin counts another shedgate binary (a build to compare with; default
-# target/release/shedgate), or the floor (target/release/examples/floor, README "Benchmarks").
+# target/release/shedgate), or the floor (target/release/examples/floor, docs/benchmark-history.md).
 # Each line and profile is named after the binary's file name.
 # --never counts the `never` path (the stream classified never: streamed, unread).
 # Needs valgrind, nginx (`apt-get install valgrind nginx-light`) and oha (`cargo install oha`).

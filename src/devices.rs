@@ -7,7 +7,7 @@
 //! per-process keyed hash of the device's id ([`crate::extract::DeviceId`]), so ids a client
 //! chooses cannot collide on purpose; when full, the device silent longest in its set is
 //! evicted (counted). Each replica keeps its own: a balancer that hashes by device sends one
-//! device to one replica (README "Devices").
+//! device to one replica (docs/decision.md "Devices").
 //!
 //! The table is 64 shards, each behind its own lock, each a set-associative array of 8-way
 //! sets (a set is four cache lines) where a device may live in either of two sets (two-choice

@@ -22,7 +22,7 @@ use shedgate::signals::Signals;
 /// 153.8 MiB, still 153.8 MiB 12 s after they closed; jemalloc 10.0 → 155.9 MiB, 15.1 MiB
 /// 12 s after (15.8 MiB after 5 s). Without the background thread jemalloc purged only on
 /// allocator activity (96–148 MiB 20 s after). CPU per request was within the machine's
-/// noise (README "Benchmarks"). Thread caches are garbage-collected every 1 MiB of
+/// noise (docs/benchmark-history.md). Thread caches are garbage-collected every 1 MiB of
 /// allocation activity, not every 64 KiB (`tcache_gc_incr_bytes`): about 1,500 fewer
 /// instructions per request (`scripts/instructions.sh`), idle RSS unchanged.
 #[global_allocator]

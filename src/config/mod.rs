@@ -72,7 +72,7 @@ pub struct ServeArgs {
     pub body_read_timeout: Option<HumanDuration>,
     /// A safety cap on this replica's in-flight requests: past it, pressure reads full.
     /// Optional; "full" is learned from latency, so leave it unset unless a hard per-replica
-    /// limit is wanted (README "Sizing") [default: none].
+    /// limit is wanted (docs/operations.md "Sizing") [default: none].
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<u32>,
     /// Upstream latency considered at target (pressure 0.5), e.g. `50ms` [default: 100ms].
@@ -81,7 +81,7 @@ pub struct ServeArgs {
     /// The ORCA metric of the upstream's `endpoint-load-metrics` answers to read as its
     /// utilisation, in-flight over its concurrency (1.0: every worker busy, none waiting):
     /// `application_utilization`, `cpu_utilization` or `named_metrics.NAME`. Every replica
-    /// then reads the same queue (README "Sizing") [default: none, not read].
+    /// then reads the same queue (docs/operations.md "Sizing") [default: none, not read].
     #[arg(long, value_name = "METRIC")]
     pub load_report: Option<String>,
     /// Time in-flight requests get to finish on shutdown, both listeners; past it connections

@@ -225,7 +225,7 @@ impl<IO: Read + Unpin> Read for FramingGuard<IO> {
         // Read into a scratch buffer we can inspect, then copy out. hyper's cursor does not
         // expose what a read filled, and reads are small (hyper's buffer grows to 8 KiB+).
         // The scratch is left uninitialised (`ReadBuf::uninit`): zeroing 8 KiB per read was
-        // 1.2% of the proxy's CPU under the throughput harness (README "Benchmarks").
+        // 1.2% of the proxy's CPU under the throughput harness (docs/benchmark-history.md).
         let mut scratch = [const { MaybeUninit::<u8>::uninit() }; 8192];
         let cap = buf.remaining().min(scratch.len());
         let mut inner = hyper::rt::ReadBuf::uninit(&mut scratch[..cap]);

@@ -10,7 +10,7 @@
 //! Parking brings shedgate's cost per idle connection to the socket, its 512-byte task and
 //! a few small allocations: about 1.5 KB of RSS each (nginx: about 0.7 KB), so that 10,000
 //! idle connections take no more RSS in all than nginx's master and worker with theirs
-//! (README "Benchmarks" has the figures).
+//! (docs/benchmark-history.md has the figures).
 //!
 //! Taking the socket back uses hyper's own graceful close of an idle connection
 //! (`Connection::graceful_shutdown`, which closes a connection at once when hyper is between

@@ -274,7 +274,7 @@ impl<S> Shared<S> {
 /// Before: 1,104 bytes, a 1,280-byte task, in the allocator's size class of hyper's boxed
 /// connection (1,088 bytes), whose pages parking left part used. 10,000 idle connections,
 /// settled (`scripts/idle-rss.py --hold 15`): 41.3–42.6 MiB before, 25.1–26.3 MiB after
-/// (README "Benchmarks").
+/// (docs/benchmark-history.md).
 fn connection<S, B>(
     stream: TcpStream,
     peer: SocketAddr,

@@ -1,5 +1,5 @@
 //! Every metric name as a constant, with its kind and description ([`CATALOG`]): the
-//! declared API that tests check the README's table and the Grafana dashboard against.
+//! declared API that tests check docs/metrics.md and the Grafana dashboard against.
 
 /// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
 pub const REQUESTS: &str = "shedgate_requests_total";
@@ -103,7 +103,7 @@ pub const POLICY_LAST_RELOAD: &str = "shedgate_policy_last_reload_timestamp_seco
 /// time it re-enables itself, `+Inf` when disabled until further notice, 0 when enabled.
 pub const DISABLED_UNTIL: &str = "shedgate_disabled_until_timestamp_seconds";
 
-/// Every metric: name, kind, unit and description (the README's table is this list).
+/// Every metric: name, kind, unit and description (docs/metrics.md lists each).
 pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         REQUESTS,

@@ -8,7 +8,7 @@
 //!   from ordinary traffic, like Netflix Gradient2's long window: it follows the smoothed
 //!   latency down at once, and up with [`LEARN_TAU`] while the in-flight count is not
 //!   growing. A queue that stands without growing (arrivals at exactly the capacity) is
-//!   learned too: at rest nothing tells it from a slower upstream (README "Benchmarks", the
+//!   learned too: at rest nothing tells it from a slower upstream (docs/benchmark-history.md, the
 //!   1x row). A growing in-flight count is a queue filling (admissions
 //!   over completions); a deploy that makes the upstream slower grows it only once, by as much
 //!   as Little's law says the slower service holds, and the learning resumes. A slower
@@ -224,7 +224,7 @@ pub const OVER_TARGET: f64 = 1.15;
 /// (`tests/proxy/replicas.rs`) held p99 87 ms with 8 replicas, against a 60 ms bound; after
 /// two seconds, 62 ms; after three, 55 ms, as without it. The known case it does not reach: an
 /// upstream exactly at the target keeps more than half its share busy and is never under-used
-/// (README "Sizing"). Counted in ticks with answers, as [`UNDER_USED_TICKS`] is: three seconds
+/// (docs/operations.md "Sizing"). Counted in ticks with answers, as [`UNDER_USED_TICKS`] is: three seconds
 /// of them, longer in silence.
 pub const COLD_UNDER_USED_TICKS: u32 = 60;
 /// Ticks of [`UNDER_USED`] shedding, at over [`OVER_TARGET`] times the target throughout on

@@ -4,7 +4,7 @@
 //! Such a replica steers on latency alone (`COLD_SETPOINT`): what it learned at rest may be
 //! the queue its fleet holds. When the upstream's own latency, as the proxy sees it, is near
 //! the target, shedding cannot bring latency under the target, and the loop settles with
-//! latency at the target and part of the upstream idle (README "Sizing").
+//! latency at the target and part of the upstream idle (docs/operations.md "Sizing").
 //!
 //! The two cases read the same to one replica at rest; they differ when it admits more. An
 //! upstream with idle workers answers the extra requests as fast as the others; a queue

@@ -11,7 +11,7 @@ use crate::edge::serve::ClientInfo;
 /// `HTTP2-Settings`, which belongs to the connection an h2c upgrade would make (RFC 7540
 /// section 3.2.1) and is meaningless without that `Upgrade` (go#80416: it reached upstreams).
 /// Names built at compile time: removing them parses nothing per request (parsing the nine
-/// names twice per request was about 1% of the proxy's CPU, README "Benchmarks").
+/// names twice per request was about 1% of the proxy's CPU, docs/benchmark-history.md).
 pub const HOP_BY_HOP: [HeaderName; 10] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -187,7 +187,7 @@ fn remove_forwarding_twins(headers: &mut HeaderMap) {
 /// An IPv4 client on a `[::]` listener (`::ffff:a.b.c.d`) is named as IPv4. The elements that
 /// name the client are made once per connection and resume ([`ClientInfo::new`]); a request with no
 /// earlier hops gets them without a copy (formatting them per request was about 1.8% of the
-/// proxy's CPU under the throughput harness, README "Benchmarks").
+/// proxy's CPU under the throughput harness, docs/benchmark-history.md).
 pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trusted: bool) {
     remove_forwarding_twins(headers);
     let present = present(headers, forwarding_index);

@@ -191,7 +191,7 @@ pub fn read(headers: &HeaderMap, field: &LoadReportField) -> Result<Option<f64>,
 /// Split by hand, with no allocation unless it fails (no crate reads ORCA's text form):
 /// `cargo bench --bench decision -- part/load-report` measured 300 ns a report on the 2-core
 /// build machine (404 ns when the metric's name was formatted per call), under 1% of the
-/// ~50 µs of CPU a forwarded request costs shedgate (README "Benchmarks"), and only with
+/// ~50 µs of CPU a forwarded request costs shedgate (docs/benchmark-history.md), and only with
 /// `--load-report` set. The JSON form goes through serde_json (a library, allocating) and
 /// is not benched.
 fn from_text<'a>(

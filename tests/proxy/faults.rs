@@ -7,7 +7,7 @@
 //! sender knows to retry.
 //!
 //! One harness for two sizes: `tests/proxy` runs [`CI_REQUESTS`]; `cargo bench --bench
-//! faults` includes this file and runs at least a million (README "Benchmarks").
+//! faults` includes this file and runs at least a million (docs/benchmark-history.md).
 
 #![allow(dead_code, reason = "the bench uses the harness, not the test")]
 

@@ -88,7 +88,7 @@ async fn the_harness_all_rank_5_traffic_at_10x_keeps_p99_within_twice_the_target
 /// the cold probe (`shedgate::pressure::probe`) found the upstream's idle workers: 94–99%.
 /// Now 98.7% and 98.5% with 25 ms, 82.7% and 83.1% with 27, 95.2% and 85.5% with 29 (the
 /// recovered runs oscillating): this holds them as bounds that must not get worse (0.9 and
-/// 0.75; the 95% is not met at 27 and 29 ms; README "Sizing"). On the shared harness
+/// 0.75; the 95% is not met at 27 and 29 ms; docs/operations.md "Sizing"). On the shared harness
 /// a proxy sharing a saturated core with the upstream measures 20 ms of service as 22–25.
 /// The collapses seen there (4 of 25 runs) had another cause: the proxy idled before the load
 /// and counted that as calm ([`a_replica_idle_before_its_overload_meets_it_cold`]).
@@ -109,7 +109,7 @@ async fn a_cold_replica_in_front_of_an_upstream_at_its_target_recovers_most_of_i
 /// the cold rules nor the probe reached it. With two idle seconds before the harness's
 /// overload: 10x over 20 ms of service, p99 55 ms then (over twice the target), 40 now; 3x
 /// over 25 ms, goodput 89.2% then, 98.6% now (98.7% without the idle seconds). On the
-/// real harness this was the collapse of one run in five or six (README "Sizing").
+/// real harness this was the collapse of one run in five or six (docs/operations.md "Sizing").
 #[tokio::test(start_paused = true)]
 async fn a_replica_idle_before_its_overload_meets_it_cold() {
     for factor in [3.0, 10.0] {

@@ -181,7 +181,7 @@ pub(crate) fn assert_held(f: &Figures, target_ms: u64, text: &str) {
 
 /// Goodput at least 95% of capacity and admitted p99 at most `p99_targets` times the target.
 /// Where the twice is not met yet, the test holds today's figure with a little room
-/// as a bound that must not get worse (README "Sizing" names these).
+/// as a bound that must not get worse (docs/operations.md "Sizing" names these).
 fn assert_within(f: &Figures, target_ms: u64, p99_targets: f64, text: &str) {
     assert!(f.goodput >= 0.95, "goodput: {f}\n{text}");
     assert!(
@@ -336,7 +336,7 @@ async fn sixteen_replicas_spread_at_random_hold_3x_within_twice_the_target_on_th
 /// before, 51 ms with it. Seed 39, the worst of the 40 before, met them once the under-use
 /// test also read the latency at its end (`shedgate::pressure::noload::OVER_TARGET`): 109
 /// and 372 ms before, 56 and 52 ms with it (a replica that had joined verified 16 ms, under
-/// the upstream's 20, from a drained queue). The joining phase is open (README "Sizing");
+/// the upstream's 20, from a drained queue). The joining phase is open (docs/operations.md "Sizing");
 /// this test keeps seeds that pass so that the runs it describes cannot get worse unnoticed.
 #[tokio::test(start_paused = true)]
 async fn the_replica_count_changing_2_8_3_during_3x_keeps_the_upstream_full() {
@@ -425,7 +425,7 @@ async fn count_change(seed: u64, load_reports: bool) -> (Vec<Second>, f64, Strin
 /// its part: goodput 66.8% and 71.2% over the first seconds (10-15 s), with 21.1% of ranks
 /// 1-10 shed at seed 33. Now the latency reading is capped at one more than the in-flight one
 /// (`shedgate::pressure::FEW_INFLIGHT_MARGIN`): 90.0% and 88.0%, no rank 1-10 event shed. A
-/// bound, not the ranges, which no mild overload meets (README "Sizing").
+/// bound, not the ranges, which no mild overload meets (docs/operations.md "Sizing").
 #[tokio::test(start_paused = true)]
 async fn sixteen_replicas_at_a_mild_overload_do_not_shed_their_priority_areas() {
     let policy = policy();
