@@ -127,7 +127,7 @@ const SWEEP: Duration = Duration::from_millis(20);
 ///
 /// A line is formatted on the request path, into a buffer the request's thread owns in
 /// effect (0.35 µs; `cargo bench --bench replay`); full buffers of about a hundred lines are
-/// queued without waking anyone, and the writer thread takes them every [`SWEEP`] and writes
+/// queued without waking anyone, and the writer thread takes them every 20 ms and writes
 /// each in one call. `scripts/costoflog.py`, 12 paired rounds on the 2-core bench machine:
 /// +1.37 µs (+7.8%) per shed request with every line written, 0.43 µs of it the writer
 /// thread. Waking the writer per chunk instead doubled the writer's share and cost +4.3 µs.
