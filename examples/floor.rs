@@ -5,7 +5,7 @@
 //! and no header hygiene (it forwards every header as it came, hop-by-hop ones included,
 //! which RFC 9110 section 7.6.1 forbids a proxy: it is a measuring tool, not a proxy to run).
 //! What it costs per request is what this design on these libraries costs before any of
-//! shedgate's work (README "Benchmarks", "The floor").
+//! shedgate's work (docs/benchmark-history.md, "The floor").
 //!
 //! It takes shedgate's `serve` arguments so that `scripts/instructions.sh --bin` can count
 //! it: `--listen ADDR`, `--upstream http://HOST:PORT`, and `--admin-listen ADDR`, where every
@@ -14,6 +14,14 @@
 //! read whole before it is forwarded (what shedgate does on the sheddable path), else it is
 //! streamed (the `never` path); `scripts/instructions.sh` sets it to match the path it counts.
 //! With `FLOOR_RUNTIME=current` it runs on tokio's current-thread runtime instead.
+//!
+//! With `FLOOR_MIMIC=1` it takes each of shedgate's three paths as `../shared/bench/costofno.py`
+//! drives them, so that one run of that script measures the floor of every row beside nginx:
+//! a request whose `X-Stream` is `geofence.transition` streams through (the `never` yes);
+//! any other has its body read whole, then is forwarded (the sheddable yes), or, while a
+//! pressure pin is set (`PUT /pressure` with a body on the admin listener; `DELETE` clears
+//! it), answered a canned 503 with `Retry-After` and the problem document nginx's `return 503`
+//! sends in that script (the no: the body read, nothing decided, counted or formatted).
 //!
 //! Run: `cargo build --release --example floor`, then
 //! `scripts/instructions.sh --no-nginx --bin target/release/examples/floor`.
@@ -54,6 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let admin = arg(&args, "--admin-listen");
     let collect = args.iter().any(|a| a == "--collect")
         || std::env::var_os("FLOOR_COLLECT").is_some_and(|v| v == "1");
+    let mimic = std::env::var_os("FLOOR_MIMIC").is_some_and(|v| v == "1");
     // `FLOOR_RUNTIME=current`: tokio's current-thread runtime (one thread, no work
     // stealing), the design of one runtime per core.
     let mut runtime = match std::env::var("FLOOR_RUNTIME").as_deref() {
@@ -65,7 +74,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let admin = TcpListener::bind(admin).await?;
             tokio::spawn(async move {
                 while let Ok((stream, _)) = admin.accept().await {
-                    tokio::spawn(serve(stream, |_| async { Ok(status(204)) }));
+                    tokio::spawn(serve(stream, |req: Request<Incoming>| async move {
+                        if req.uri().path() == "/pressure" {
+                            let pinned = req.method() == http::Method::PUT;
+                            PINNED.store(pinned, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Ok(status(204))
+                    }));
                 }
             });
         }
@@ -80,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (stream, _) = listener.accept().await?;
             let pool = Arc::clone(&pool);
             tokio::spawn(serve(stream, move |req| {
-                forward(req, Arc::clone(&pool), collect)
+                forward(req, Arc::clone(&pool), collect, mimic)
             }));
         }
     })
@@ -97,12 +112,47 @@ where
         .await;
 }
 
+/// `FLOOR_MIMIC`: whether the admin listener has a pressure pin set.
+static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The canned no: nginx's `return 503` body in `costofno.py`.
+const PROBLEM: &[u8] = br#"{"type":"about:blank","status":503}"#;
+
 async fn forward(
     req: Request<Incoming>,
     pool: Arc<Pool>,
     collect: bool,
+    mimic: bool,
 ) -> Result<Response<Answer>, Infallible> {
+    let collect = if mimic {
+        req.headers()
+            .get("x-stream")
+            .is_none_or(|s| s.as_bytes() != b"geofence.transition")
+    } else {
+        collect
+    };
     let (parts, body) = req.into_parts();
+    if mimic && collect && PINNED.load(std::sync::atomic::Ordering::Relaxed) {
+        if body.collect().await.is_err() {
+            return Ok(status(400));
+        }
+        let mut r = Response::new(
+            http_body_util::Full::new(Bytes::from_static(PROBLEM))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *r.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+        let h = r.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("5"),
+        );
+        return Ok(r);
+    }
     let body: ForwardBody = if collect {
         match body.collect().await {
             Ok(whole) => http_body_util::Full::new(whole.to_bytes())
