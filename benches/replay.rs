@@ -12,10 +12,7 @@
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
-#![allow(
-    clippy::disallowed_methods,
-    reason = "a bench measures wall time; no decision reads this clock"
-)]
+#![allow(clippy::disallowed_methods, reason = "a bench measures wall time")]
 
 use std::io::Write as _;
 use std::sync::Arc;

@@ -343,10 +343,7 @@ impl DeviceTable {
             }
         }
         e.last_seen = tick;
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "a credit in [0, 1) in 65,536ths"
-        )]
+        #[expect(clippy::cast_possible_truncation, reason = "credit in 65,536ths")]
         #[expect(clippy::cast_sign_loss, reason = "a credit in [0, 1)")]
         {
             e.credit = (credit * 65_536.0).floor().clamp(0.0, 65_535.0) as u16;

@@ -428,10 +428,7 @@ pub fn schedule_floor(
 ///   [`crate::policy::Curve::superseded_probability`].
 /// - `device`: the history of the device the request names ([`DeviceHistory`]), `None` for
 ///   none; the curve's share of its fresh fixes is chosen by its credit.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "every input of the pure decision, by name"
-)]
+#[expect(clippy::too_many_arguments, reason = "every decision input, by name")]
 pub fn decide(
     policy: &Policy,
     stream: Option<StreamId>,

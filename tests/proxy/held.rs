@@ -370,10 +370,7 @@ async fn no_histogram_sum_of_the_running_binary_ever_decreases() {
         String::from_utf8(send(req).await.body.to_vec()).unwrap()
     };
     // Events at the binary's real clock: 20 s old, then 10 minutes in the future.
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the binary reads the real clock, so its events are dated by it"
-    )]
+    #[expect(clippy::disallowed_methods, reason = "dated by the binary's clock")]
     let at = |offset_secs: i64| {
         let t = time::OffsetDateTime::now_utc() - time::Duration::seconds(offset_secs);
         let t = t

@@ -14,10 +14,7 @@ use crate::policy::Policy;
 /// phase drawn uniformly over one interval, each report moved by up to `jitter` of the
 /// interval either way (senders' timers drift). Only the first `warm.1` of the devices (a
 /// share) report during the first `warm.0`: a calm start, before the overload.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "a fleet's every setting, by name"
-)]
+#[expect(clippy::too_many_arguments, reason = "a fleet's settings, by name")]
 pub fn device_fleet(
     policy: &Policy,
     mix: &[(&str, f64)],
