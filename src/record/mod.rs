@@ -5,6 +5,7 @@
 //!
 //! - [`line`](mod@line): what the proxy hands over ([`line::Entry`]) and the line it becomes
 //!   ([`line::Line`], which replay reads back).
+//! - `format`: the entry written as that line, by hand ([`line::Formatter`]).
 //! - [`privacy`]: the peer cut to its network, device ids keyed-hashed.
 //! - [`writer`]: the bounded queue and the writer thread ([`writer::AccessLog`]).
 //! - [`tally`]: decisions counted by stream, area and rank band, then and now.
@@ -12,6 +13,7 @@
 //! - [`preview`]: a candidate policy decided in shadow on live traffic
 //!   ([`preview::Preview`]).
 
+mod format;
 pub mod line;
 pub mod preview;
 pub mod privacy;
