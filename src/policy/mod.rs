@@ -14,6 +14,7 @@ mod region_file;
 mod regions;
 mod routes;
 pub mod schedule;
+mod source;
 #[cfg(test)]
 mod tests;
 
@@ -22,10 +23,11 @@ use std::time::Duration;
 use h3o::{CellIndex, LatLng, Resolution};
 use serde::{Deserialize, Serialize};
 
-pub use compile::{Compiled, PolicyFiles, compile, load_dir};
+pub use compile::{Compiled, compile, load_dir};
 pub use curve::{BANDS, Curve, Rank, band};
 pub use error::{Location, PolicyError, Warning};
 pub use regions::{MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS};
+pub use source::PolicyFiles;
 
 use crate::extract::Extractor;
 use crate::extract::formats::{ContentMode, Format};

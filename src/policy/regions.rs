@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::compile::PolicyFiles;
+use super::source::PolicyFiles;
 use super::{Location, PolicyError, geo};
 
 /// Largest region file, bytes (16 MiB): refused before it is parsed.
