@@ -50,6 +50,10 @@ impl fmt::Display for Rank {
 /// low (51–100).
 pub const BANDS: [(u8, u8); 4] = [(1, 10), (11, 30), (31, 50), (51, 100)];
 
+/// [`BANDS`] by name, `lo-hi`, as reports, the access log's replay and the preview's metric
+/// label write them (a test checks they match).
+pub const BAND_NAMES: [&str; 4] = ["1-10", "11-30", "31-50", "51-100"];
+
 /// The index in [`BANDS`] of the band `rank` falls in.
 pub fn band(rank: Rank) -> usize {
     BANDS
@@ -221,6 +225,13 @@ mod tests {
 
     fn rank(r: u8) -> Rank {
         Rank::new(r).unwrap()
+    }
+
+    #[test]
+    fn band_names_are_the_bands() {
+        for ((lo, hi), name) in BANDS.iter().zip(BAND_NAMES) {
+            assert_eq!(format!("{lo}-{hi}"), name);
+        }
     }
 
     fn curves() -> impl Strategy<Value = Curve> {

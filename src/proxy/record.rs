@@ -166,7 +166,7 @@ fn count(
     snapshot.metrics.global().preview_decision(
         stream,
         area,
-        &band_name(key.band),
+        band_name(key.band),
         live.as_str(),
         now.as_str(),
     );

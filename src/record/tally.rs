@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::admission::{Decision, Verdict};
-use crate::policy::{AreaId, BANDS, Policy, Rank, StreamId, band};
+use crate::policy::{AreaId, BANDS, Policy, StreamId, band};
 
 /// What a decision did with a request, for counting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +157,7 @@ impl Tally {
                 area: key
                     .area
                     .map_or_else(|| "-".to_owned(), |a| policy.area(a).name.clone()),
-                band: band_name(key.band),
+                band: band_name(key.band).to_owned(),
                 counts: *counts,
                 now_admitted_per_second: if seconds > 0.0 {
                     counts.now_admitted / seconds
@@ -235,13 +235,7 @@ impl Tally {
     }
 }
 
-/// A band's name, `1-10`.
-pub fn band_name(index: usize) -> String {
-    let (lo, hi) = BANDS[index.min(BANDS.len() - 1)];
-    format!("{lo}-{hi}")
-}
-
-/// The band of `rank`, by name.
-pub fn band_of(rank: Rank) -> String {
-    band_name(band(rank))
+/// A band's name, `1-10` ([`crate::policy::curve::BAND_NAMES`]).
+pub fn band_name(index: usize) -> &'static str {
+    crate::policy::curve::BAND_NAMES[index.min(BANDS.len() - 1)]
 }

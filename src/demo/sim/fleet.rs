@@ -114,8 +114,7 @@ pub fn gap_bound(interval: Duration, shed: f64) -> f64 {
 
 /// The bands' names, for reports.
 pub fn band_name(b: usize) -> String {
-    let (lo, hi) = BANDS[b];
-    format!("ranks {lo}-{hi}")
+    format!("ranks {}", crate::policy::curve::BAND_NAMES[b])
 }
 
 /// A fleet scenario of the device figures (docs/decision.md "Devices"): `devices` devices
