@@ -28,6 +28,15 @@ enabled = false
 supersession = "never"
 "#;
 
+/// Berlin's cell at rank 90 (shed first), everything else at 50.
+pub(crate) const BERLIN_LOW: &str = r#"
+default_rank = 50
+[[areas]]
+name = "berlin"
+rank = 90
+cells = ["841f1d5ffffffff"]
+"#;
+
 /// A 32-byte secret in a file, and the key it makes.
 pub(crate) fn secret(dir: &Path) -> (PathBuf, shedgate::record::privacy::DeviceKey) {
     let path = dir.join("secret");

@@ -7,17 +7,8 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
-use super::access_log::{STREAMS, fix};
+use super::access_log::{BERLIN_LOW, STREAMS, fix};
 use super::support::*;
-
-/// Berlin's cell at rank 90 (shed first), everything else at 50.
-const BERLIN_LOW: &str = r#"
-default_rank = 50
-[[areas]]
-name = "berlin"
-rank = 90
-cells = ["841f1d5ffffffff"]
-"#;
 
 async fn admin(proxy: &shedgate::app::Running, method: http::Method, body: &str) -> Answer {
     let req = Request::builder()

@@ -10,17 +10,8 @@ use http_body_util::Full;
 use shedgate::record::replay::Run;
 use shedgate::signals::Signals;
 
-use super::access_log::{STREAMS, fix, lines, logging, secret};
+use super::access_log::{BERLIN_LOW, STREAMS, fix, lines, logging, secret};
 use super::support::*;
-
-/// Berlin's cell at rank 90 (shed first), everything else at 50.
-const BERLIN_LOW: &str = r#"
-default_rank = 50
-[[areas]]
-name = "berlin"
-rank = 90
-cells = ["841f1d5ffffffff"]
-"#;
 
 /// Places spread over Europe: Berlin, Munich and a few dozen points around them, so that
 /// several cells, both areas and both bands are decided.
