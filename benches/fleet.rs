@@ -56,7 +56,7 @@ use shedgate::demo::sim::{
     geographic_events, recovery_seconds, run_scenario,
 };
 use shedgate::policy::Policy;
-use shedgate::pressure::ControllerConfig;
+use shedgate::pressure::{ControllerConfig, Tuning};
 
 /// The tests' upstream: 8 workers, uniform 10–30 ms (400 req/s), and their 30 ms target.
 const WORKERS: u32 = 8;
@@ -185,6 +185,7 @@ async fn run(case: &Case, policy: &Arc<Policy>, seed: u64) -> (Vec<Figures>, Opt
     let controller = ControllerConfig {
         max_inflight: None,
         latency_target: TARGET,
+        tuning: tuning(),
     };
     let mut scenario = Scenario::new(&case.load, controller, case.replicas.clone(), seed);
     scenario.load_reports = flag("load-reports");
@@ -272,6 +273,21 @@ fn selected() -> Vec<Case> {
 
 /// The seeds: `--seeds LIST` or `--seeds=LIST`, a list of seeds and inclusive ranges
 /// (`1-12,32`), each once, in order; default 1–40. Panics on anything else, naming it.
+/// The controller's tuned values: the defaults with `--tuning NAME=VALUE,...` (or the
+/// `SHEDGATE_TUNING` environment variable) applied (`shedgate::pressure::Tuning`), so that an
+/// ablation needs no rebuild.
+fn tuning() -> &'static Tuning {
+    static TUNING: std::sync::OnceLock<&'static Tuning> = std::sync::OnceLock::new();
+    TUNING.get_or_init(|| {
+        let overrides = option("tuning")
+            .or_else(|| std::env::var("SHEDGATE_TUNING").ok())
+            .unwrap_or_default();
+        Tuning::with_overrides(&overrides)
+            .unwrap_or_else(|e| panic!("--tuning: {e}"))
+            .leak()
+    })
+}
+
 fn seeds() -> Vec<u64> {
     let Some(spec) = option("seeds") else {
         return (1..=40).collect();

@@ -419,6 +419,7 @@ impl Config {
             controller: ControllerConfig {
                 max_inflight,
                 latency_target,
+                tuning: &crate::pressure::Tuning::DEFAULT,
             },
             load_report,
             drain_timeout: duration(args.drain_timeout, Duration::from_secs(30)),

@@ -142,6 +142,13 @@ pub const MAX_EFFORT: f64 = 6.0;
 /// `2 * TICK` (a stalled ticker is not a long overload), so one tick of a huge queue (a 10x
 /// step) moves the effort by at most `INTEGRAL_GAIN * ERROR_CLAMP * 2 * TICK` = 0.8.
 pub const ERROR_CLAMP: f64 = 2.0;
+/// The integral's time step is at most this many ticks: a stalled ticker is not a long
+/// overload ([`ERROR_CLAMP`]).
+pub(super) const STEP_CLAMP_TICKS: f64 = 2.0;
+/// The queue reading an unverified replica holds (in-flight over what its completion rate
+/// holds at the no-load latency learned at rest): no margin, since what it learned at rest
+/// may already be its fleet's standing queue (docs/pressure.md "The loop").
+pub(super) const UNVERIFIED_SETPOINT: f64 = 1.0;
 /// How often [`PressureGauge::tick`](super::PressureGauge::tick) should run.
 pub const TICK: Duration = Duration::from_millis(50);
 /// Held share of the upstream (requests: the completion rate it held before shedding began

@@ -8,15 +8,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::ControllerConfig;
-use super::constants::{
-    CALM, CALM_TICKS, COLD_SETPOINT, ENGAGED_EFFORT, ERROR_CLAMP, FEW_INFLIGHT_MARGIN,
-    FEW_LATENCY_SETPOINT, FEW_SHARE, FULL_CONFIDENCE_RATE, INTEGRAL_GAIN, LATENCY_DECAY_TAU,
-    LATENCY_SETPOINT, LATENCY_TAU, MAX_EFFORT, MIN_SHARE, PEAK_TAU, RATE_TAU, REST_MARGIN,
-    SETPOINT, STILL_OFFERED, TICK, UNWIND_GAIN,
-};
+use super::constants::TICK;
 use super::noload::{NoLoad, TickInput};
 use super::output::{InflightWindow, LatencyWindow, Output};
-use super::probe::{self, Action, ColdProbe, ProbeInput};
+use super::probe::{Action, ColdProbe, ProbeInput};
 use super::report::{LoadReport, ReportWindow};
 use super::schedule::GainSchedule;
 
@@ -91,14 +86,14 @@ pub struct Controller {
     last: Option<Instant>,
     last_sample: Option<Instant>,
     last_sample_seen: Option<Instant>,
-    /// `lc` smoothed over [`RATE_TAU`]: what the calm test reads. `None` until a tick has
+    /// `lc` smoothed over [`RATE_TAU`](super::RATE_TAU): what the calm test reads. `None` until a tick has
     /// samples (the first sets it).
     calm_lc: Option<f64>,
     calm_ticks: u32,
     seen_calm: bool,
     probe: ColdProbe,
     report: LoadReport,
-    /// The integral's gain schedule while the held share is under [`FEW_SHARE`].
+    /// The integral's gain schedule while the held share is under [`FEW_SHARE`](super::FEW_SHARE).
     schedule: GainSchedule,
     /// What each stream costs the upstream ([`super::costs`]).
     costs: super::costs::Costs,
@@ -153,10 +148,11 @@ impl Controller {
             held_peak: 0.0,
             offered: 0.0,
             mean_u: 0.0,
-            noload: NoLoad::default(),
+            noload: NoLoad::new(config.tuning),
             output: Output {
                 cap: config.max_inflight,
                 latency_target: config.latency_target.as_secs_f64(),
+                tuning: config.tuning,
                 ..Output::default()
             },
             last: None,
@@ -205,6 +201,7 @@ impl Controller {
         if dt <= 0.0 {
             return self.output;
         }
+        let k = self.config.tuning;
         let alpha = |tau: Duration| 1.0 - (-dt / tau.as_secs_f64()).exp();
         let target = self.config.latency_target.as_secs_f64().max(1e-6);
         let folded = self.costs.fold(latency, self.noload.value(), dt);
@@ -214,47 +211,56 @@ impl Controller {
         } else {
             f64::from(inflight)
         };
-        self.mean_u = self.output.utilisation(mean_inflight, MIN_SHARE);
-        let reported = self.report.update(now, reports, alpha(LATENCY_TAU));
+        self.mean_u = self.output.utilisation(mean_inflight, k.min_share);
+        let reported = self
+            .report
+            .update(now, reports, alpha(k.latency_tau), k.latency_tau);
         let tick_mean =
             (latency.count > 0).then(|| latency.sum_us as f64 / latency.count as f64 / 1e6);
         let last_sample = *self.last_sample.get_or_insert(now);
         if let Some(mean) = tick_mean {
             // After a silence (or at the first sample) it starts again from this mean.
-            self.l = super::follow(self.l, mean, alpha(LATENCY_TAU), self.last_sample_seen, now);
+            self.l = super::follow(
+                self.l,
+                mean,
+                alpha(k.latency_tau),
+                k.latency_tau,
+                self.last_sample_seen,
+                now,
+            );
             self.last_sample = Some(now);
             self.last_sample_seen = Some(now);
-        } else if self.mean_u > SETPOINT {
+        } else if self.mean_u > k.setpoint {
             let silence = now.saturating_duration_since(last_sample).as_secs_f64();
             self.l = self.l.max(silence);
         } else {
             // No queue: silence is no traffic, not a hang; it starts counting with a queue.
             self.last_sample = Some(now);
-            self.l *= (-dt / LATENCY_DECAY_TAU.as_secs_f64()).exp();
+            self.l *= (-dt / k.latency_decay_tau.as_secs_f64()).exp();
         }
         if self.peak_rate == 0.0 && latency.count > 0 {
             // The first answers: the rate of this tick, not an average rising from zero that
             // would make the learned share look tiny and every request a queue.
             self.rate = work / dt.max(TICK.as_secs_f64() / 2.0);
         } else {
-            self.rate += alpha(LATENCY_TAU) * (work / dt - self.rate);
+            self.rate += alpha(k.latency_tau) * (work / dt - self.rate);
         }
-        self.slow_rate += alpha(RATE_TAU) * (work / dt - self.slow_rate);
+        self.slow_rate += alpha(k.rate_tau) * (work / dt - self.slow_rate);
         let flowing = inflight > 0 || latency.count > 0;
         if self.rate >= self.peak_rate {
             self.peak_rate = self.rate;
         } else if flowing {
-            self.peak_rate += alpha(PEAK_TAU) * (self.rate - self.peak_rate);
+            self.peak_rate += alpha(k.peak_tau) * (self.rate - self.peak_rate);
         }
         if self.rate >= self.held_peak {
             self.held_peak = self.rate;
         } else if self.output.effort == 0.0 && flowing {
-            self.held_peak += alpha(PEAK_TAU) * (self.rate - self.held_peak);
+            self.held_peak += alpha(k.peak_tau) * (self.rate - self.held_peak);
         }
         // In-flight over the share at the peak the upstream showed before the shedding
         // began: the under-use test's reading (what is admitted while shedding says nothing
         // about what the upstream could do).
-        self.offered += alpha(RATE_TAU) * (observed.count as f64 / dt - self.offered);
+        self.offered += alpha(k.rate_tau) * (observed.count as f64 / dt - self.offered);
         let held_u = match self.noload.value() {
             Some(l0) if self.held_peak > 0.0 => mean_inflight / (self.held_peak * l0).max(1e-9),
             _ => f64::INFINITY,
@@ -262,10 +268,12 @@ impl Controller {
         // Whether this replica is still offered about the peak it saw served: if its arrivals
         // fell (more replicas, a load balancer's new weights), holding less is its share, not
         // under-use, for a while (`noload::LONG_UNDER_USED_TICKS`).
-        let still_offered = self.offered >= STILL_OFFERED * self.held_peak;
+        let still_offered = self.offered >= k.still_offered * self.held_peak;
         let full_rate = match self.config.max_inflight {
-            Some(cap) => FULL_CONFIDENCE_RATE.min(f64::from(cap.get()) / target / 2.0),
-            None => FULL_CONFIDENCE_RATE,
+            Some(cap) => k
+                .full_confidence_rate
+                .min(f64::from(cap.get()) / target / 2.0),
+            None => k.full_confidence_rate,
         };
         let confidence = (self.slow_rate / full_rate).max(self.mean_u - 1.0).min(1.0);
         let lc = self.l / target * confidence;
@@ -274,7 +282,7 @@ impl Controller {
         let over_cap = self
             .output
             .per_cap(mean_inflight)
-            .is_some_and(|u| u > SETPOINT);
+            .is_some_and(|u| u > k.setpoint);
         self.noload.update(
             TickInput {
                 inflight,
@@ -307,7 +315,7 @@ impl Controller {
         let few = reported.is_none()
             && self.noload.value().is_some_and(|l0| {
                 let held = self.held_peak * l0;
-                held > 0.0 && held < FEW_SHARE
+                held > 0.0 && held < k.few_share
             });
         let unverified = self.noload.value().map(|l0| {
             let holds = self.rate * l0;
@@ -319,12 +327,14 @@ impl Controller {
                 0.0
             };
             if few {
-                (self.l / l0.max(1e-6)).min(FEW_INFLIGHT_MARGIN + inflight_reading)
+                (self.l / l0.max(1e-6)).min(k.few_inflight_margin + inflight_reading)
             } else {
                 inflight_reading
             }
         });
-        let calm_lc = self.calm_lc.map_or(lc, |c| c + alpha(RATE_TAU) * (lc - c));
+        let calm_lc = self
+            .calm_lc
+            .map_or(lc, |c| c + alpha(k.rate_tau) * (lc - c));
         if self.calm_lc.is_some() || tick_mean.is_some() {
             self.calm_lc = Some(calm_lc);
         }
@@ -332,48 +342,51 @@ impl Controller {
         // and silent ones neither count nor break the run, so a replica idle since it
         // started, or silent after one queued answer, has not seen it.
         if tick_mean.is_some() {
-            if calm_lc <= CALM {
+            if calm_lc <= k.calm {
                 self.calm_ticks = self.calm_ticks.saturating_add(1);
             } else {
                 self.calm_ticks = 0;
             }
         }
-        self.seen_calm |= self.calm_ticks >= CALM_TICKS;
+        self.seen_calm |= self.calm_ticks >= k.calm_ticks;
         // A cold replica settled on latency alone at the target finds out whether that
         // latency is a queue or the upstream's own by admitting a little more (`probe`).
-        let action = self.probe.update(ProbeInput {
-            eligible: !self.seen_calm
-                && reference.is_none()
-                && reported.is_none()
-                && confidence >= 1.0
-                && self.output.effort > 0.0,
-            latency_ratio: lc,
-            inflight: mean_inflight,
-            offered: observed.count as f64 / dt,
-        });
+        let action = self.probe.update(
+            ProbeInput {
+                eligible: !self.seen_calm
+                    && reference.is_none()
+                    && reported.is_none()
+                    && confidence >= 1.0
+                    && self.output.effort > 0.0,
+                latency_ratio: lc,
+                inflight: mean_inflight,
+                offered: observed.count as f64 / dt,
+            },
+            k,
+        );
         if let Action::Verified(ratio) = action {
             self.noload.verify(ratio * target);
         }
         let reference = self.noload.reference();
         let over = lc
             - if few {
-                FEW_LATENCY_SETPOINT
+                k.few_latency_setpoint
             } else {
-                LATENCY_SETPOINT
+                k.latency_setpoint
             };
         let error = match (reported, reference, unverified) {
             // The upstream states its queue: the same reading for every replica, cold or not,
             // held at the setpoint's standing queue.
-            (Some(r), _, _) => (r - SETPOINT).min(over),
+            (Some(r), _, _) => (r - k.setpoint).min(over),
             // Verified: the same in-flight reading, held at the setpoint's standing queue.
-            (None, Some(_), Some(q)) => (q - SETPOINT).min(over),
+            (None, Some(_), Some(q)) => (q - k.setpoint).min(over),
             // Not yet seen calm: what it learned at rest may be its fleet's queue, which
             // reads as no queue; latency alone.
-            (None, None, Some(_)) if !self.seen_calm && confidence >= 1.0 => lc - COLD_SETPOINT,
-            (None, None, Some(q)) => (q - 1.0).min(over),
+            (None, None, Some(_)) if !self.seen_calm && confidence >= 1.0 => lc - k.cold_setpoint,
+            (None, None, Some(q)) => (q - k.unverified_setpoint).min(over),
             _ => over,
         }
-        .clamp(-ERROR_CLAMP, ERROR_CLAMP);
+        .clamp(-k.error_clamp, k.error_clamp);
         // Re-measured under load: the effort was built against a stale reference (or an
         // unreachable target); it starts again from engaged, where the proportional part
         // already holds in-flight near the setpoint.
@@ -384,11 +397,11 @@ impl Controller {
             self.schedule.reset();
         }
         let effort = if relearned {
-            self.output.effort.min(ENGAGED_EFFORT)
+            self.output.effort.min(k.engaged_effort)
         } else {
             self.output.effort
         };
-        let rest = SETPOINT + REST_MARGIN * self.noload.rest_margin_back();
+        let rest = k.setpoint + k.rest_margin * self.noload.rest_margin_back();
         // The gate reads the raw share (not floored at MIN_SHARE): with many replicas a
         // replica's share is a fraction of a request, and a runaway queue is still a
         // multiple of it.
@@ -396,33 +409,33 @@ impl Controller {
             .output
             .utilisation(f64::from(inflight).max(mean_inflight), 0.0);
         let may_start = !self.seen_calm
-            || reported.is_some_and(|r| r > SETPOINT)
+            || reported.is_some_and(|r| r > k.setpoint)
             || over_cap
             || self.mean_u.max(current_u) > rest
             || self.noload.sustained_growth();
-        let step = dt.min(2.0 * TICK.as_secs_f64());
+        let step = dt.min(k.step_clamp_ticks * TICK.as_secs_f64());
         let effort = if action == Action::Start {
-            (effort - probe::STEP).max(0.0)
+            (effort - k.step).max(0.0)
         } else if action == Action::Hold {
             effort
         } else if effort > 0.0 || may_start || error < 0.0 {
             let gain = if error < 0.0 {
-                UNWIND_GAIN
+                k.unwind_gain
             } else {
-                INTEGRAL_GAIN
+                k.integral_gain
             };
             let schedule = if few {
-                self.schedule.update(error, tick_mean.is_some())
+                self.schedule.update(error, tick_mean.is_some(), k)
             } else {
                 1.0
             };
-            (effort + schedule * gain * error * step).clamp(0.0, MAX_EFFORT)
+            (effort + schedule * gain * error * step).clamp(0.0, k.max_effort)
         } else {
             effort
         };
         let queue_part = reported
             .or(queue)
-            .map_or(0.0, |q| (q - 1.0) / (SETPOINT - 1.0));
+            .map_or(0.0, |q| (q - 1.0) / (k.setpoint - 1.0));
         let cap_part = self
             .config
             .max_inflight
@@ -444,6 +457,7 @@ impl Controller {
             serving_rate: serving,
             latency_target: target,
             at: Some(now),
+            tuning: k,
         };
         self.output
     }

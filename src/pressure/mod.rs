@@ -46,6 +46,7 @@ pub mod report;
 pub mod schedule;
 #[cfg(test)]
 mod tests;
+pub mod tuning;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -65,6 +66,7 @@ pub use costs::CostSlot;
 pub use gauge::{InflightGuard, PressureGauge, PressureView};
 pub use output::{InflightWindow, LatencyWindow, Output};
 pub use report::{MAX_REPORT, REPORT_STALE, ReportWindow};
+pub use tuning::{Tuning, TuningError};
 
 /// Pressure: a number in `[0, 1]`. 0.5 means the upstream is fully used with latency at its
 /// target; 1.0 means overloaded beyond what shedding every lower-priority area can fix
@@ -103,7 +105,7 @@ impl Pressure {
 }
 
 /// Controller settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ControllerConfig {
     /// A safety cap on this replica's in-flight requests (`--max-inflight`): in-flight over it
     /// reads as full and, beyond the proportional part's reference, sheds. Optional and never
@@ -112,6 +114,9 @@ pub struct ControllerConfig {
     pub max_inflight: Option<NonZeroU32>,
     /// The upstream latency (to response headers) considered "at target".
     pub latency_target: Duration,
+    /// The controller's tuned values: [`Tuning::DEFAULT`] outside tests and benches
+    /// ([`tuning`]).
+    pub tuning: &'static Tuning,
 }
 
 /// A tick's `mean` folded into the estimate `value` smoothed over [`LATENCY_TAU`] (`alpha`:
@@ -119,8 +124,15 @@ pub struct ControllerConfig {
 /// `None`: none yet) was [`LATENCY_TAU`] or more before `now`: after a silence the decayed
 /// estimate says nothing of the upstream, so it starts again from what it answers now. The
 /// controller's latency and the upstream's load report ([`report`]) both follow this rule.
-fn follow(value: f64, mean: f64, alpha: f64, last: Option<Instant>, now: Instant) -> f64 {
-    if last.is_none_or(|seen| now.saturating_duration_since(seen) >= LATENCY_TAU) {
+fn follow(
+    value: f64,
+    mean: f64,
+    alpha: f64,
+    tau: Duration,
+    last: Option<Instant>,
+    now: Instant,
+) -> f64 {
+    if last.is_none_or(|seen| now.saturating_duration_since(seen) >= tau) {
         mean
     } else {
         value + alpha * (mean - value)

@@ -50,7 +50,7 @@ mod ramp;
 #[cfg(test)]
 mod tests;
 
-use super::{COLD_SETPOINT, LATENCY_SETPOINT, SETPOINT};
+use super::tuning::Tuning;
 use ramp::Ramp;
 
 /// Time constant with which the no-load latency rises toward the smoothed latency at rest,
@@ -59,7 +59,16 @@ use ramp::Ramp;
 pub const LEARN_TAU: Duration = Duration::from_millis(300);
 /// Ticks of in-flight history the growth test compares: the mean of the newer half against
 /// the mean of the older half (250 ms each).
-pub const GROWTH_TICKS: usize = 10;
+pub const GROWTH_TICKS: u32 = 10;
+/// Most ticks of history a [`Tuning`] may give the growth test.
+pub const MAX_GROWTH_TICKS: usize = 64;
+/// In-flight growth (newer half's mean over the older half's), requests, beyond which a tick
+/// counts as growing, plus [`GROWTH_SHARE`] shares: a request's noise, since Poisson
+/// arrivals at a few requests in flight move half-second means by about one.
+pub const GROWTH_MIN: f64 = 1.0;
+/// Shares of in-flight growth added to [`GROWTH_MIN`]: a replica with a large share sees
+/// larger random swings.
+pub const GROWTH_SHARE: f64 = 0.25;
 /// Consecutive ticks of in-flight growth that make a queue filling, not a step: a deploy that
 /// makes the upstream slower raises in-flight once, and the growth test (halves
 /// [`GROWTH_TICKS`] apart) sees that step for at most [`GROWTH_TICKS`] ticks plus the
@@ -101,8 +110,9 @@ pub const RAMP_RISE: f64 = 0.005;
 /// case met at as many seeds as before the test, 26, but sheds at most 1.9% instead of 83%).
 pub const RAMP_TICKS: u32 = 40;
 /// Share of the way from the smoothed latency at a take-back ([`RAMP_TICKS`]) down to where
-/// the loop steers latency (the larger of the learned value, times [`SETPOINT`] once
-/// verified, and [`LATENCY_SETPOINT`] times the target) by which latency must have fallen
+/// the loop steers latency (the larger of the learned value, times [`SETPOINT`](super::constants::SETPOINT) once
+/// verified, and
+/// [`LATENCY_SETPOINT`](super::constants::LATENCY_SETPOINT) times the target) by which latency must have fallen
 /// once the loop has shed for [`RAMP_TEST_TAUS`]; if not, the rise was the upstream getting
 /// slower over a few seconds, and that latency is verified ([`NoLoad::verify`]). A slowdown
 /// that builds up looks like a queue filling (latency, in-flight and completions move alike
@@ -140,6 +150,9 @@ pub const RAMP_TEST_MIN_RISE: f64 = 1.5;
 /// ms). The cost is the test's own shedding in a slowdown: the two-second one above met at 29 seeds
 /// instead of 36 (most shed 1.9% against 1.7%), both before small raises paused a ramp run.
 pub const RAMP_TEST_TAUS: f64 = 1.5;
+/// Multiples of the latency at the take-back that the test sheds for before it reads latency,
+/// besides [`RAMP_TEST_TAUS`]: twice, for fleets ([`RAMP_TEST_TAUS`] has the figures).
+pub const RAMP_TEST_LATENCIES: f64 = 2.0;
 /// Ticks without an effort in a row, once the take-back test's shedding began, after which the test
 /// is dropped: one [`LATENCY_TAU`](super::LATENCY_TAU). The effort unwound because latency fell,
 /// and a later shedding must not add to this one's time (it would read latency it has not yet had
@@ -257,7 +270,9 @@ pub struct NoLoad {
     /// Whether `value` was measured under load: an under-used upstream, or the cold probe's
     /// room (learning at rest may have moved it since).
     verified: bool,
-    history: [u32; GROWTH_TICKS],
+    /// In-flight at the last ticks, newest last; the growth test reads the last
+    /// [`GROWTH_TICKS`] (the tuning's).
+    history: [u32; MAX_GROWTH_TICKS],
     filled: usize,
     /// Consecutive ticks the in-flight count has been growing.
     growing: u32,
@@ -277,14 +292,23 @@ pub struct NoLoad {
     since_overload: u32,
     /// Whether the effort now running started while a take-back was tested.
     tested_effort: bool,
+    /// The tuned values it reads.
+    tuning: &'static Tuning,
 }
 
 impl Default for NoLoad {
     fn default() -> Self {
+        NoLoad::new(&Tuning::DEFAULT)
+    }
+}
+
+impl NoLoad {
+    /// A learner with nothing learned, reading `tuning`.
+    pub fn new(tuning: &'static Tuning) -> Self {
         NoLoad {
             value: None,
             verified: false,
-            history: [0; GROWTH_TICKS],
+            history: [0; MAX_GROWTH_TICKS],
             filled: 0,
             growing: 0,
             under_used: Streak::default(),
@@ -294,6 +318,7 @@ impl Default for NoLoad {
             ramp: Ramp::default(),
             since_overload: u32::MAX,
             tested_effort: false,
+            tuning,
         }
     }
 }
@@ -384,7 +409,7 @@ impl NoLoad {
     /// explain ([`SUSTAINED_TICKS`]), or learning at rest followed a rising latency for longer
     /// ([`RAMP_TICKS`]) and was taken back.
     pub fn sustained_growth(&self) -> bool {
-        self.growing >= SUSTAINED_TICKS || self.ramp.taken_back
+        self.growing >= self.tuning.sustained_ticks || self.ramp.taken_back
     }
 
     /// The share of the rest margin (`REST_MARGIN`) that the gate letting the effort start from
@@ -408,7 +433,7 @@ impl NoLoad {
     /// slower upstream 0.1–1 s after an overload by 62–70% (median) until its arrivals had been
     /// lower for ten seconds ([`LONG_UNDER_USED_TICKS`]).
     pub fn rest_margin_back(&self) -> f64 {
-        (f64::from(self.since_overload) / f64::from(REST_HOLD_TICKS)).min(1.0)
+        (f64::from(self.since_overload) / f64::from(self.tuning.rest_hold_ticks)).min(1.0)
     }
 
     /// Whether the reference was just re-measured under load: the effort was built against a
@@ -417,16 +442,24 @@ impl NoLoad {
         std::mem::take(&mut self.relearned)
     }
 
+    /// The growth test's history length, ticks: the tuning's, within the history kept.
+    fn growth_ticks(&self) -> usize {
+        usize::try_from(self.tuning.growth_ticks)
+            .map_or(MAX_GROWTH_TICKS, |n| n.min(MAX_GROWTH_TICKS))
+    }
+
     /// The in-flight growth over the history: mean of the newer half minus mean of the
     /// older half, requests (0 until the history is full).
     #[expect(clippy::cast_precision_loss, reason = "in-flight counts < 2^52")]
     fn growth(&self) -> f64 {
-        if self.filled < GROWTH_TICKS {
+        let ticks = self.growth_ticks();
+        if self.filled < ticks || ticks < 2 {
             return 0.0;
         }
-        let half = GROWTH_TICKS / 2;
+        let recent = &self.history[MAX_GROWTH_TICKS - ticks..];
+        let half = ticks / 2;
         let sum = |s: &[u32]| s.iter().map(|&n| f64::from(n)).sum::<f64>() / s.len() as f64;
-        sum(&self.history[half..]) - sum(&self.history[..half])
+        sum(&recent[ticks - half..]) - sum(&recent[..half])
     }
 
     /// Folds in one tick; `dt` is the time since the previous one, seconds.
@@ -446,9 +479,10 @@ impl NoLoad {
             self.since_effort.saturating_add(1)
         };
         self.history.rotate_left(1);
-        self.history[GROWTH_TICKS - 1] = t.inflight;
-        self.filled = (self.filled + 1).min(GROWTH_TICKS);
-        let growing = self.growth() > 1.0 + 0.25 * t.share;
+        self.history[MAX_GROWTH_TICKS - 1] = t.inflight;
+        self.filled = (self.filled + 1).min(MAX_GROWTH_TICKS);
+        let k = self.tuning;
+        let growing = self.growth() > k.growth_min + k.growth_share * t.share;
         self.growing = if growing {
             self.growing.saturating_add(1)
         } else {
@@ -456,7 +490,7 @@ impl NoLoad {
         };
         let engaged = t.effort || t.over_cap;
         let shedding = engaged && t.share > 0.0;
-        let under_used = shedding && t.utilisation < UNDER_USED;
+        let under_used = shedding && t.utilisation < k.under_used;
         // The one-second streak (and its cold form) counts only ticks with answers, and
         // verifies only at one (UNDER_USED_TICKS); a silent tick still breaks it when the
         // replica no longer sheds under-used. The ten-second one counts every tick.
@@ -469,15 +503,15 @@ impl NoLoad {
         // Over the target on average over the streak and still at its end.
         let over = |streak: &Streak, ticks| {
             streak.ticks >= ticks
-                && streak.mean() > OVER_TARGET * t.target
-                && t.smoothed > OVER_TARGET * t.target
+                && streak.mean() > k.over_target * t.target
+                && t.smoothed > k.over_target * t.target
         };
-        let over_target = (!silent && over(&self.under_used, UNDER_USED_TICKS))
-            || over(&self.long_under_used, LONG_UNDER_USED_TICKS);
+        let over_target = (!silent && over(&self.under_used, k.under_used_ticks))
+            || over(&self.long_under_used, k.long_under_used_ticks);
         let cold_at_target = !silent
             && t.cold
-            && self.under_used.ticks >= COLD_UNDER_USED_TICKS
-            && self.under_used.mean() > COLD_AT_TARGET * t.target;
+            && self.under_used.ticks >= k.cold_under_used_ticks
+            && self.under_used.mean() > k.cold_at_target * t.target;
         if (over_target || cold_at_target) && t.smoothed > 0.0 {
             self.verify(t.smoothed);
             return;
@@ -491,18 +525,18 @@ impl NoLoad {
         let steered = || {
             value.map_or(0.0, |v| {
                 if t.cold && !verified {
-                    return COLD_SETPOINT * t.target;
+                    return k.cold_setpoint * t.target;
                 }
-                let reference = if verified { SETPOINT * v } else { v };
-                reference.max(LATENCY_SETPOINT * t.target)
+                let reference = if verified { k.setpoint * v } else { v };
+                reference.max(k.latency_setpoint * t.target)
             })
         };
-        if let Some(latency) = self.ramp.shed(&t, dt, steered) {
+        if let Some(latency) = self.ramp.shed(&t, dt, steered, k) {
             self.verify(latency);
             return;
         }
         let Some(sample) = t.tick_mean else {
-            self.ramp.silent();
+            self.ramp.silent(k);
             return;
         };
         let Some(value) = self.value else {
@@ -510,7 +544,7 @@ impl NoLoad {
             self.value = Some(sample);
             return;
         };
-        self.ramp.answered(value, t.smoothed, t.target, engaged);
+        self.ramp.answered(value, t.smoothed, t.target, engaged, k);
         // Under load it moves only when the upstream is seen under-used (above).
         if engaged {
             return;
@@ -518,10 +552,10 @@ impl NoLoad {
         if t.smoothed > 0.0 && t.smoothed < value {
             self.value = Some(t.smoothed);
             self.ramp.fell();
-        } else if !growing && self.since_effort >= REST_HOLD_TICKS {
-            let a = 1.0 - (-dt / LEARN_TAU.as_secs_f64()).exp();
+        } else if !growing && self.since_effort >= k.rest_hold_ticks {
+            let a = 1.0 - (-dt / k.learn_tau.as_secs_f64()).exp();
             let next = value + a * (t.smoothed - value);
-            self.value = Some(self.ramp.raise(value, next, t.smoothed));
+            self.value = Some(self.ramp.raise(value, next, t.smoothed, k));
         }
     }
 }

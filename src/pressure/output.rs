@@ -6,10 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::constants::{
-    CAP_GAIN, ENGAGED_EFFORT, GATE_OPEN, GATE_SHUT, MIN_RATE_SPAN, MIN_SHARE, PROPORTIONAL_GAIN,
-    REST_MARGIN, SETPOINT,
-};
+use super::tuning::Tuning;
 
 /// Latency samples gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -32,7 +29,7 @@ pub struct InflightWindow {
 }
 
 /// The controller's output after a tick, read by every decision until the next one.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Output {
     /// How full the upstream is, `0.0..=1.0` (latency over target, queue over the no-load
     /// latency, in-flight over the cap: the largest).
@@ -54,6 +51,24 @@ pub struct Output {
     pub latency_target: f64,
     /// When the tick that made this output ran; `None` before the first.
     pub at: Option<Instant>,
+    /// The tuned values the formula reads (those named below).
+    pub tuning: &'static Tuning,
+}
+
+impl Default for Output {
+    /// Nothing known: pressure 0 at any in-flight count, [`Tuning::DEFAULT`].
+    fn default() -> Self {
+        Output {
+            base: 0.0,
+            effort: 0.0,
+            share: 0.0,
+            cap: None,
+            serving_rate: 0.0,
+            latency_target: 0.0,
+            at: None,
+            tuning: &Tuning::DEFAULT,
+        }
+    }
 }
 
 impl Output {
@@ -86,19 +101,30 @@ impl Output {
     /// gate's prediction reads it.
     #[expect(clippy::cast_precision_loss, reason = "a tick's count, below 2^52")]
     pub fn pressure_at(&self, inflight: u32, completed: u64, since: Duration) -> f64 {
+        let k = self.tuning;
         let n = f64::from(inflight);
-        let reference = SETPOINT + REST_MARGIN * (1.0 - self.effort / ENGAGED_EFFORT).max(0.0);
-        let mut proportional = PROPORTIONAL_GAIN * (self.per_share(n, MIN_SHARE) - reference);
+        let reference =
+            k.setpoint + k.rest_margin * (1.0 - self.effort / k.engaged_effort).max(0.0);
+        let mut proportional = k.proportional_gain * (self.per_share(n, k.min_share) - reference);
         if proportional > 0.0 {
             let serving = self
                 .serving_rate
-                .max(completed as f64 / since.max(MIN_RATE_SPAN).as_secs_f64());
+                .max(completed as f64 / since.max(k.min_rate_span).as_secs_f64());
             // n > 0 here; a rate or target of 0 predicts an infinite latency: the gate is open.
+            // A gate tuned shut at 0 with no width is always open (no NaN from 0 / 0).
             let predicted = n / (serving * self.latency_target);
-            proportional *= ((predicted - GATE_SHUT) / (GATE_OPEN - GATE_SHUT)).clamp(0.0, 1.0);
+            let width = k.gate_open - k.gate_shut;
+            let gate = if width > 0.0 {
+                ((predicted - k.gate_shut) / width).clamp(0.0, 1.0)
+            } else if predicted >= k.gate_open {
+                1.0
+            } else {
+                0.0
+            };
+            proportional *= gate;
         }
         if let Some(per_cap) = self.per_cap(n) {
-            proportional = proportional.max(CAP_GAIN * (per_cap - SETPOINT));
+            proportional = proportional.max(k.cap_gain * (per_cap - k.setpoint));
         }
         let x = self.base + (self.effort + proportional).max(0.0);
         1.0 - (-x).exp2()
@@ -127,13 +153,13 @@ impl Output {
     }
 
     /// The in-flight count class budgets share: the cap if set, else the in-flight the loop
-    /// holds at full use (the share times [`SETPOINT`], rounded up); `u32::MAX` while
+    /// holds at full use (the share times [`SETPOINT`](super::SETPOINT), rounded up); `u32::MAX` while
     /// neither is known.
     pub fn capacity(&self) -> u32 {
         if let Some(cap) = self.cap {
             return cap.get();
         }
-        let full = (self.share * SETPOINT).ceil();
+        let full = (self.share * self.tuning.setpoint).ceil();
         if full < 1.0 {
             return u32::MAX;
         }

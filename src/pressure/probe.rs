@@ -22,6 +22,8 @@
 //! (one of many replicas) cannot tell a rise of its own from noise, and would take its
 //! fleet's queue for the upstream's latency.
 
+use super::tuning::Tuning;
+
 /// Ticks in a row with the latency error of a cold replica within [`SETTLED`] (and an effort
 /// built) before it probes: one second.
 pub const SETTLE_TICKS: u32 = 20;
@@ -119,7 +121,8 @@ impl Default for ColdProbe {
 
 impl ColdProbe {
     /// Folds in one tick and says what to do with the effort.
-    pub fn update(&mut self, t: ProbeInput) -> Action {
+    /// `k`: the tuned values it reads ([`SETTLE_TICKS`] and the others of this module).
+    pub fn update(&mut self, t: ProbeInput, k: &Tuning) -> Action {
         match &mut self.0 {
             State::Waiting(ticks) => {
                 *ticks = ticks.saturating_sub(1);
@@ -129,17 +132,17 @@ impl ColdProbe {
                 Action::None
             }
             State::Settling(sums) => {
-                if !t.eligible || (t.latency_ratio - super::COLD_SETPOINT).abs() > SETTLED {
+                if !t.eligible || (t.latency_ratio - k.cold_setpoint).abs() > k.settled {
                     *self = ColdProbe::default();
                     return Action::None;
                 }
                 sums.add(&t);
-                if sums.ticks < SETTLE_TICKS {
+                if sums.ticks < k.settle_ticks {
                     return Action::None;
                 }
                 let base = *sums;
-                if base.mean().1 < MIN_INFLIGHT {
-                    *self = ColdProbe(State::Waiting(BACKOFF_TICKS));
+                if base.mean().1 < k.min_inflight {
+                    *self = ColdProbe(State::Waiting(k.backoff_ticks));
                     return Action::None;
                 }
                 self.0 = State::Probing {
@@ -155,21 +158,21 @@ impl ColdProbe {
                 measured,
             } => {
                 if !t.eligible {
-                    *self = ColdProbe(State::Waiting(BACKOFF_TICKS));
+                    *self = ColdProbe(State::Waiting(k.backoff_ticks));
                     return Action::None;
                 }
                 *ticks += 1;
-                if *ticks > PROBE_TICKS / 2 {
+                if *ticks > k.probe_ticks / 2 {
                     measured.add(&t);
                 }
-                if *ticks < PROBE_TICKS {
+                if *ticks < k.probe_ticks {
                     return Action::Hold;
                 }
                 let (base_lc, base_n, base_offered) = base.mean();
                 let (lc, n, offered) = measured.mean();
-                let same_offer = (offered / base_offered.max(1e-9) - 1.0).abs() <= SAME_OFFER;
-                let room = same_offer && n >= base_n * (1.0 + MORE) && lc <= base_lc + RISE;
-                self.0 = State::Waiting(BACKOFF_TICKS);
+                let same_offer = (offered / base_offered.max(1e-9) - 1.0).abs() <= k.same_offer;
+                let room = same_offer && n >= base_n * (1.0 + k.more) && lc <= base_lc + k.rise;
+                self.0 = State::Waiting(k.backoff_ticks);
                 if room {
                     Action::Verified(base_lc)
                 } else {
@@ -198,10 +201,18 @@ mod tests {
     fn probe(n: f64, during: ProbeInput) -> Vec<Action> {
         let mut p = ColdProbe::default();
         for _ in 1..SETTLE_TICKS {
-            assert_eq!(p.update(tick(1.0, n, 1000.0)), Action::None);
+            assert_eq!(
+                p.update(tick(1.0, n, 1000.0), &Tuning::DEFAULT),
+                Action::None
+            );
         }
-        assert_eq!(p.update(tick(1.0, n, 1000.0)), Action::Start);
-        (0..PROBE_TICKS).map(|_| p.update(during)).collect()
+        assert_eq!(
+            p.update(tick(1.0, n, 1000.0), &Tuning::DEFAULT),
+            Action::Start
+        );
+        (0..PROBE_TICKS)
+            .map(|_| p.update(during, &Tuning::DEFAULT))
+            .collect()
     }
 
     #[test]
@@ -237,7 +248,10 @@ mod tests {
     fn a_replica_holding_a_request_or_two_does_not_probe() {
         let mut p = ColdProbe::default();
         for _ in 0..(SETTLE_TICKS + BACKOFF_TICKS) * 3 {
-            assert_eq!(p.update(tick(1.0, 1.5, 100.0)), Action::None);
+            assert_eq!(
+                p.update(tick(1.0, 1.5, 100.0), &Tuning::DEFAULT),
+                Action::None
+            );
         }
     }
 
@@ -246,7 +260,10 @@ mod tests {
         let mut p = ColdProbe::default();
         for i in 0..SETTLE_TICKS * 3 {
             let lc = if i % 10 == 9 { 1.3 } else { 1.0 };
-            assert_eq!(p.update(tick(lc, 6.0, 1000.0)), Action::None);
+            assert_eq!(
+                p.update(tick(lc, 6.0, 1000.0), &Tuning::DEFAULT),
+                Action::None
+            );
         }
     }
 }

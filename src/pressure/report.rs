@@ -43,12 +43,18 @@ impl LoadReport {
     /// Folds in a tick's reports (`alpha` is the smoothing step of
     /// [`LATENCY_TAU`](super::LATENCY_TAU) over the tick; after a silence it starts again
     /// from the tick's mean, `super::follow`); the smoothed utilisation while a report
-    /// arrived within [`REPORT_STALE`].
+    /// arrived within [`REPORT_STALE`]. `tau`: the time constant `alpha` steps by.
     #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
-    pub(super) fn update(&mut self, now: Instant, window: ReportWindow, alpha: f64) -> Option<f64> {
+    pub(super) fn update(
+        &mut self,
+        now: Instant,
+        window: ReportWindow,
+        alpha: f64,
+        tau: Duration,
+    ) -> Option<f64> {
         if window.count > 0 {
             let mean = window.sum_millionths as f64 / window.count as f64 / 1e6;
-            self.value = super::follow(self.value, mean, alpha, self.seen, now);
+            self.value = super::follow(self.value, mean, alpha, tau, self.seen, now);
             self.seen = Some(now);
         }
         self.current = self

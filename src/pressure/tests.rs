@@ -17,6 +17,7 @@ fn controller() -> Controller {
     Controller::new(ControllerConfig {
         max_inflight: None,
         latency_target: Duration::from_millis(50),
+        tuning: &super::Tuning::DEFAULT,
     })
 }
 
@@ -371,7 +372,7 @@ proptest::proptest! {
         serving_rate in 0.0f64..1000.0,
         latency_target in 0.001f64..1.0,
     ) {
-        let out = Output { base, effort, share, cap: None, serving_rate, latency_target, at: None };
+        let out = Output { base, effort, share, cap: None, serving_rate, latency_target, at: None, tuning: &super::Tuning::DEFAULT };
         let (a, b) = (out.pressure(inflight), out.pressure(inflight + 1));
         proptest::prop_assert!((0.0..=1.0).contains(&a));
         proptest::prop_assert!(b >= a);
@@ -391,7 +392,7 @@ proptest::proptest! {
         serving_rate in 0.0f64..1000.0,
         latency_target in 0.001f64..1.0,
     ) {
-        let free = Output { base, effort, share, cap: None, serving_rate, latency_target, at: None };
+        let free = Output { base, effort, share, cap: None, serving_rate, latency_target, at: None, tuning: &super::Tuning::DEFAULT };
         let capped = Output { cap: NonZeroU32::new(cap), ..free };
         proptest::prop_assert!(capped.pressure(inflight) >= free.pressure(inflight));
     }

@@ -78,6 +78,7 @@ impl Run {
         let controller = ControllerConfig {
             max_inflight: self.cap.and_then(std::num::NonZeroU32::new),
             latency_target: self.target,
+            tuning: crate::support::tuning(),
         };
         let mut scenario = Scenario::new(&self.load, controller, self.replicas.clone(), self.seed);
         scenario.load_reports = self.load_reports;

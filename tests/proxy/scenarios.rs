@@ -56,6 +56,7 @@ async fn run_events(
     let controller = ControllerConfig {
         max_inflight: None,
         latency_target: Duration::from_millis(TARGET_MS),
+        tuning: crate::support::tuning(),
     };
     let scenario = Scenario::new(load, controller, Replicas::one(), seed);
     let capacity = sim.capacity();

@@ -62,6 +62,7 @@ async fn run(load: &[(u64, f64)], mixes: &[f64], seed: u64) -> (Vec<Second>, f64
     let controller = ControllerConfig {
         max_inflight: None,
         latency_target: Duration::from_millis(100),
+        tuning: crate::support::tuning(),
     };
     let scenario = Scenario::new(&load, controller, Replicas::one(), seed);
     (

@@ -25,6 +25,22 @@ use tokio::net::TcpListener;
 /// ages are exact whatever the machine's clock says or how long a test takes.
 pub const NOW: UnixMillis = UnixMillis(1_780_000_000_000);
 
+/// The controller's tuned values for the closed-loop scenario tests: the defaults, or those
+/// `SHEDGATE_TUNING` overrides (`NAME=VALUE,...`, `shedgate::pressure::Tuning::with_overrides`)
+/// so that an ablation runs the scenarios without a rebuild (docs/pressure.md "Ablation").
+/// Panics on an override it cannot read: a run that would silently use the defaults would
+/// measure nothing.
+pub fn tuning() -> &'static shedgate::pressure::Tuning {
+    static TUNING: std::sync::OnceLock<&'static shedgate::pressure::Tuning> =
+        std::sync::OnceLock::new();
+    TUNING.get_or_init(|| {
+        let overrides = std::env::var("SHEDGATE_TUNING").unwrap_or_default();
+        shedgate::pressure::Tuning::with_overrides(&overrides)
+            .unwrap_or_else(|e| panic!("SHEDGATE_TUNING: {e}"))
+            .leak()
+    })
+}
+
 /// [`NOW`] as a date-time, for building event times.
 pub fn now_utc() -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp(NOW.0 / 1000).unwrap()

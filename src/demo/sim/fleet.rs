@@ -175,6 +175,7 @@ pub async fn run_fleet(
     let controller = crate::pressure::ControllerConfig {
         max_inflight: None,
         latency_target: Duration::from_millis(30),
+        tuning: &crate::pressure::Tuning::DEFAULT,
     };
     let mut scenario = super::Scenario::new(&[(70, 1.0)], controller, case.replicas.clone(), seed);
     scenario.schedule = Some(schedule);

@@ -1,34 +1,34 @@
 //! The ramp test of learning at rest and the test of a rise taken back
-//! ([`RAMP_TICKS`], [`RAMP_TEST_FALL`]): whether the learned no-load latency has been
+//! ([`RAMP_TICKS`](super::RAMP_TICKS), [`RAMP_TEST_FALL`](super::RAMP_TEST_FALL)): whether the learned no-load latency has been
 //! following a queue filling rather than a slower upstream, and whether shedding lowers it.
 
-use super::{
-    RAMP_RISE, RAMP_TEST_FALL, RAMP_TEST_GAP_TICKS, RAMP_TEST_MIN_RISE, RAMP_TEST_TAUS, RAMP_TICKS,
-    SETTLED_TICKS, TickInput,
-};
-use crate::pressure::{LATENCY_TAU, TICK};
+use super::TickInput;
+use crate::pressure::TICK;
+use crate::pressure::tuning::Tuning;
 
-/// Raises, rising or small, after which a run that has not reached [`RAMP_TICKS`] rising
+/// Raises, rising or small, after which a run that has not reached [`RAMP_TICKS`](super::RAMP_TICKS) rising
 /// ticks ends: four seconds' worth, so that at least half of a run's raises are rising ones
 /// and the value a run began at (where a take-back goes, unless where learning last settled
 /// is lower) is at most four seconds of raises old. Without it, a slow rise with noise could
 /// be followed for many seconds and then taken back far under its latency.
-const RUN_SPAN: u32 = 2 * RAMP_TICKS;
+fn run_span(k: &Tuning) -> u32 {
+    k.ramp_ticks.saturating_mul(2)
+}
 
-/// The ramp test of learning at rest ([`RAMP_TICKS`]): whether the value has been following
+/// The ramp test of learning at rest ([`RAMP_TICKS`](super::RAMP_TICKS)): whether the value has been following
 /// a queue filling rather than a slower upstream.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ramp {
-    /// Rising ticks (raises of at least [`RAMP_RISE`]) in a run: one that learning at rest
-    /// has not settled ([`SETTLED_TICKS`]) nor lowered since it began, with the loop at rest
-    /// and no silence over [`RAMP_TICKS`] ticks, and of at most [`RUN_SPAN`] raises.
+    /// Rising ticks (raises of at least [`RAMP_RISE`](super::RAMP_RISE)) in a run: one that learning at rest
+    /// has not settled ([`SETTLED_TICKS`](super::SETTLED_TICKS)) nor lowered since it began, with the loop at rest
+    /// and no silence over [`RAMP_TICKS`](super::RAMP_TICKS) ticks, and of at most [`run_span`] raises.
     rising: u32,
-    /// Small raises (under [`RAMP_RISE`]) in the run: they pause it.
+    /// Small raises (under [`RAMP_RISE`](super::RAMP_RISE)) in the run: they pause it.
     paused: u32,
     /// The value before the first of them, seconds.
     base: f64,
     /// The value learning last settled at, seconds (infinite until then): at a tick with
-    /// latency at or under the target, after [`SETTLED_TICKS`] small raises since the last
+    /// latency at or under the target, after [`SETTLED_TICKS`](super::SETTLED_TICKS) small raises since the last
     /// rising tick (a slower upstream learned), or verified. A rise taken back goes no higher
     /// than this (a queue that fills slowly also rises in runs broken by dips, each learned in
     /// part).
@@ -36,17 +36,17 @@ pub(super) struct Ramp {
     /// Small raises since the last rising tick (falls and ticks without a raise do not reset
     /// the count).
     settled: u32,
-    /// Ticks without answers in a row: a silence longer than [`RAMP_TICKS`] ends a run.
+    /// Ticks without answers in a row: a silence longer than [`RAMP_TICKS`](super::RAMP_TICKS) ends a run.
     silent: u32,
     /// Whether a rise was taken back: the effort may start, until the replica has been at
-    /// rest with latency at or under the target for [`RAMP_TICKS`] ticks with answers in a
+    /// rest with latency at or under the target for [`RAMP_TICKS`](super::RAMP_TICKS) ticks with answers in a
     /// row (`calm`): the overload has passed. Cleared as soon as latency fell back to the
     /// value, the loop started hard, shed, unwound to rest and could not start again while
     /// the queue refilled (1.05x: p99 median 95 ms, against 78 with this rule).
     pub(super) taken_back: bool,
     /// Ticks at rest with latency at or under the target in a row.
     calm: u32,
-    /// The test of a rise taken back, while it runs ([`RAMP_TEST_FALL`]).
+    /// The test of a rise taken back, while it runs ([`RAMP_TEST_FALL`](super::RAMP_TEST_FALL)).
     test: Option<RampTest>,
 }
 
@@ -61,13 +61,13 @@ struct RampTest {
     shed_for: f64,
     /// Whether the test has started again once: it does not again.
     again: bool,
-    /// Ticks without an effort since the test (re)started: past [`RAMP_TICKS`] it is dropped,
+    /// Ticks without an effort since the test (re)started: past [`RAMP_TICKS`](super::RAMP_TICKS) it is dropped,
     /// so that a later shedding, perhaps another overload's, is not read against this
-    /// take-back. So is a silence past [`RAMP_TICKS`] (the answers after a hang hold its
+    /// take-back. So is a silence past [`RAMP_TICKS`](super::RAMP_TICKS) (the answers after a hang hold its
     /// backlog).
     waited: u32,
     /// Ticks without an effort in a row once the shedding began: past
-    /// [`RAMP_TEST_GAP_TICKS`] the effort unwound (latency fell: a queue drained), and the
+    /// [`RAMP_TEST_GAP_TICKS`](super::RAMP_TEST_GAP_TICKS) the effort unwound (latency fell: a queue drained), and the
     /// test is dropped.
     gap: u32,
 }
@@ -103,9 +103,9 @@ impl Default for Ramp {
 
 impl Ramp {
     /// A tick without answers.
-    pub(super) fn silent(&mut self) {
+    pub(super) fn silent(&mut self, k: &Tuning) {
         self.silent = self.silent.saturating_add(1);
-        if self.silent > RAMP_TICKS {
+        if self.silent > k.ramp_ticks {
             self.rising = 0;
             self.test = None;
         }
@@ -113,7 +113,14 @@ impl Ramp {
 
     /// A tick with answers, before learning: the learned `value`, the `smoothed` latency and
     /// the `target` (seconds), and whether the loop is engaged.
-    pub(super) fn answered(&mut self, value: f64, smoothed: f64, target: f64, engaged: bool) {
+    pub(super) fn answered(
+        &mut self,
+        value: f64,
+        smoothed: f64,
+        target: f64,
+        engaged: bool,
+        k: &Tuning,
+    ) {
         self.silent = 0;
         if smoothed <= target {
             self.anchor = value;
@@ -123,7 +130,7 @@ impl Ramp {
         } else {
             0
         };
-        if self.calm >= RAMP_TICKS {
+        if self.calm >= k.ramp_ticks {
             self.taken_back = false;
             self.test = None;
         }
@@ -147,7 +154,7 @@ impl Ramp {
     }
 
     /// A tick `dt` seconds long while a take-back's test may run, with `steered` where the
-    /// loop steers latency (seconds, [`RAMP_TEST_FALL`]; read only when the test concludes):
+    /// loop steers latency (seconds, [`RAMP_TEST_FALL`](super::RAMP_TEST_FALL); read only when the test concludes):
     /// `Some(latency)` (seconds) when the test has found the rise to be the upstream's own
     /// latency (shedding did not lower it).
     pub(super) fn shed(
@@ -155,13 +162,14 @@ impl Ramp {
         t: &TickInput,
         dt: f64,
         steered: impl FnOnce() -> f64,
+        k: &Tuning,
     ) -> Option<f64> {
         let test = self.test.as_mut()?;
         if !t.effort {
             test.waited += 1;
             test.gap += 1;
-            let unwound = test.shed_for > 0.0 && test.gap > RAMP_TEST_GAP_TICKS;
-            if unwound || test.waited > RAMP_TICKS {
+            let unwound = test.shed_for > 0.0 && test.gap > k.ramp_test_gap_ticks;
+            if unwound || test.waited > k.ramp_ticks {
                 self.test = None;
             }
             return None;
@@ -169,14 +177,16 @@ impl Ramp {
         test.gap = 0;
         // Silent ticks neither count nor are read (a hang's backlog would read as no fall).
         t.tick_mean?;
-        test.shed_for += dt.min(2.0 * TICK.as_secs_f64());
-        if test.shed_for < 2.0 * test.suspect + RAMP_TEST_TAUS * LATENCY_TAU.as_secs_f64() {
+        test.shed_for += dt.min(k.step_clamp_ticks * TICK.as_secs_f64());
+        let span =
+            k.ramp_test_latencies * test.suspect + k.ramp_test_taus * k.latency_tau.as_secs_f64();
+        if test.shed_for < span {
             return None;
         }
         let (suspect, again) = (test.suspect, test.again);
         self.test = None;
         let steered = steered();
-        let conclusive = suspect >= RAMP_TEST_MIN_RISE * steered;
+        let conclusive = suspect >= k.ramp_test_min_rise * steered;
         if !conclusive && !again && t.smoothed > suspect {
             // Latency rose under the shedding: a slowdown still building up, tested again,
             // once, from where it has got to.
@@ -186,24 +196,24 @@ impl Ramp {
             });
             return None;
         }
-        let fell = t.smoothed < steered + RAMP_TEST_FALL * (suspect - steered);
+        let fell = t.smoothed < steered + k.ramp_test_fall * (suspect - steered);
         (conclusive && !fell && t.smoothed > 0.0).then_some(t.smoothed)
     }
 
     /// Learning at rest raising the value from `value` to `next` (seconds), at the
     /// `smoothed` latency: what it becomes.
-    pub(super) fn raise(&mut self, value: f64, next: f64, smoothed: f64) -> f64 {
-        if next < value * (1.0 + RAMP_RISE) {
+    pub(super) fn raise(&mut self, value: f64, next: f64, smoothed: f64, k: &Tuning) -> f64 {
+        if next < value * (1.0 + k.ramp_rise) {
             // A small raise neither counts nor breaks the run; a settled value ends it, and
             // so does a run that has spanned RUN_SPAN raises.
             self.settled = self.settled.saturating_add(1);
-            if self.settled >= SETTLED_TICKS {
+            if self.settled >= k.settled_ticks {
                 self.anchor = next;
                 self.rising = 0;
             }
             if self.rising > 0 {
                 self.paused += 1;
-                if self.rising + self.paused >= RUN_SPAN {
+                if self.rising + self.paused >= run_span(k) {
                     self.rising = 0;
                 }
             }
@@ -215,7 +225,7 @@ impl Ramp {
             self.paused = 0;
         }
         self.rising += 1;
-        if self.rising < RAMP_TICKS {
+        if self.rising < k.ramp_ticks {
             return next;
         }
         self.rising = 0;

@@ -14,6 +14,7 @@ fn config() -> ControllerConfig {
     ControllerConfig {
         max_inflight: None,
         latency_target: Duration::from_millis(50),
+        tuning: &super::super::Tuning::DEFAULT,
     }
 }
 
