@@ -16,7 +16,7 @@ use shedgate::demo::sim::MIX;
 
 const WORKERS: u32 = 8;
 const SERVICE_MS: u64 = 20;
-const TARGET_MS: u64 = 30;
+pub(crate) const TARGET_MS: u64 = 30;
 
 fn policy() -> Arc<shedgate::policy::Policy> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
@@ -33,7 +33,7 @@ pub(crate) async fn run(load: &[(u64, f64)], phases: Vec<Phase>, seed: u64) -> (
     run_with(UNIFORM, load, phases, seed).await
 }
 
-async fn run_with(
+pub(crate) async fn run_with(
     service: ServiceTime,
     load: &[(u64, f64)],
     phases: Vec<Phase>,
