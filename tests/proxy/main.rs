@@ -16,6 +16,7 @@ mod held;
 mod keepalive;
 mod lifecycle;
 mod load_report;
+#[cfg(feature = "demo")]
 mod low_signal;
 mod memory;
 mod operator;
