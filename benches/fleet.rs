@@ -271,8 +271,6 @@ fn selected() -> Vec<Case> {
     all.into_iter().filter(|c| c.name.contains(&text)).collect()
 }
 
-/// The seeds: `--seeds LIST` or `--seeds=LIST`, a list of seeds and inclusive ranges
-/// (`1-12,32`), each once, in order; default 1–40. Panics on anything else, naming it.
 /// The controller's tuned values: the defaults with `--tuning NAME=VALUE,...` (or the
 /// `SHEDGATE_TUNING` environment variable) applied (`shedgate::pressure::Tuning`), so that an
 /// ablation needs no rebuild.
@@ -288,6 +286,8 @@ fn tuning() -> &'static Tuning {
     })
 }
 
+/// The seeds: `--seeds LIST` or `--seeds=LIST`, a list of seeds and inclusive ranges
+/// (`1-12,32`), each once, in order; default 1–40. Panics on anything else, naming it.
 fn seeds() -> Vec<u64> {
     let Some(spec) = option("seeds") else {
         return (1..=40).collect();
@@ -333,6 +333,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
     let policy = Arc::new(shedgate::policy::load_dir(&dir).expect("policies/").policy);
+    if flag("print-tuning") {
+        // The controller's tuned values in force, `NAME=VALUE` a line (scripts/ablation.py
+        // reads the defaults from here).
+        let tuning = tuning();
+        for name in Tuning::NAMES {
+            println!("{name}={}", tuning.get(name).unwrap_or(f64::NAN));
+        }
+        return;
+    }
     let seeds = seeds();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
