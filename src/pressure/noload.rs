@@ -77,7 +77,7 @@ pub const SUSTAINED_TICKS: u32 = 16;
 /// Share by which one tick of learning at rest must raise the no-load latency to count as a
 /// rising tick ([`RAMP_TICKS`]): 0.5% a tick, 10% a second. A step (a deploy that makes the
 /// upstream slower) is followed with [`LEARN_TAU`], so its raises fall under this within
-/// about a second and stay under it ([`SETTLED_TICKS`]); a queue filling keeps latency ahead
+/// about a second and stay under it ([`CALM_TICKS`](super::CALM_TICKS) small raises settle it); a queue filling keeps latency ahead
 /// of the learned value for as long as it fills. It fills by a steady amount a second (the
 /// overload's excess over the capacity), a falling share of a growing value, so with noise
 /// its raises also fall under this now and then: such a small raise pauses a run, it does
@@ -86,7 +86,7 @@ pub const SUSTAINED_TICKS: u32 = 16;
 pub const RAMP_RISE: f64 = 0.005;
 /// Rising ticks in a run ([`RAMP_RISE`]; small raises and ticks with no raise, as while
 /// in-flight grows, neither count nor break it, nor does a silence of up to as many ticks;
-/// a fall under the value, [`SETTLED_TICKS`] small raises since the last rising tick, the
+/// a fall under the value, [`CALM_TICKS`](super::CALM_TICKS) small raises since the last rising tick, the
 /// loop engaging, or twice as many raises as this in the run end it) after which
 /// learning at rest has been following a queue, not a slower upstream: two seconds. The
 /// value goes back to where the rise began, or to where learning last settled if lower
@@ -153,15 +153,6 @@ pub const RAMP_TEST_TAUS: f64 = 1.5;
 /// Multiples of the latency at the take-back that the test sheds for before it reads latency,
 /// besides [`RAMP_TEST_TAUS`]: twice, for fleets ([`RAMP_TEST_TAUS`] has the figures).
 pub const RAMP_TEST_LATENCIES: f64 = 2.0;
-/// Ticks without an effort in a row, once the take-back test's shedding began, after which the test
-/// is dropped: one [`LATENCY_TAU`](super::LATENCY_TAU). The effort unwound because latency fell,
-/// and a later shedding must not add to this one's time (it would read latency it has not yet had
-/// time to lower). Shorter gaps (an effort touching 0 for a tick) do not end the test.
-pub const RAMP_TEST_GAP_TICKS: u32 = 3;
-/// Small raises (under [`RAMP_RISE`]) since the last rising tick after which learning at rest
-/// has settled: a slower upstream learned, the value a later rise may be taken back to; a
-/// run of rises ends there ([`RAMP_TICKS`]). One second.
-pub const SETTLED_TICKS: u32 = 20;
 /// Ticks after the loop last shed with an effort during which learning at rest does not raise
 /// the no-load latency: two seconds, counted in ticks with answers or without (it may still
 /// fall at once). The safety cap's term alone does not start the wait: with in-flight

@@ -78,7 +78,7 @@ impl Output {
     /// u = inflight / max(share, MIN_SHARE)                (0 while the share is unknown)
     /// reference = SETPOINT + REST_MARGIN * max(0, 1 - effort / ENGAGED_EFFORT)
     /// predicted = inflight / serving_rate / latency_target     (infinite while nothing completes)
-    /// gate = clamp((predicted - GATE_SHUT) / (GATE_OPEN - GATE_SHUT), 0, 1)
+    /// gate = clamp((predicted - GATE_OPEN / 2) / (GATE_OPEN / 2), 0, 1)
     /// share_part = PROPORTIONAL_GAIN * (u - reference), times gate where positive
     /// proportional = max(share_part, CAP_GAIN * (inflight / cap - SETPOINT))   (the cap term if set)
     /// x = base + max(0, effort + proportional)
@@ -87,9 +87,9 @@ impl Output {
     ///
     /// `x = 1` gives `p = 0.5`, `x = 2` 0.75, `x = 3` 0.875. Continuous in every state
     /// variable and non-decreasing in `inflight`. The gate opens where the share part is at
-    /// most `PROPORTIONAL_GAIN * inflight / share`, over `GATE_OPEN / (GATE_OPEN - GATE_SHUT)`
-    /// more requests than where it starts to, so one more request moves the load index by at
-    /// most three times `PROPORTIONAL_GAIN / share`.
+    /// most `PROPORTIONAL_GAIN * inflight / share`, in full at twice the in-flight count at
+    /// which it starts to, so one more request moves the load index by at most three times
+    /// `PROPORTIONAL_GAIN / share`.
     pub fn pressure(&self, inflight: u32) -> f64 {
         self.pressure_at(inflight, 0, Duration::ZERO)
     }
@@ -113,13 +113,13 @@ impl Output {
             // n > 0 here; a rate or target of 0 predicts an infinite latency: the gate is open.
             // A gate tuned shut at 0 with no width is always open (no NaN from 0 / 0).
             let predicted = n / (serving * self.latency_target);
-            let width = k.gate_open - k.gate_shut;
-            let gate = if width > 0.0 {
-                ((predicted - k.gate_shut) / width).clamp(0.0, 1.0)
-            } else if predicted >= k.gate_open {
-                1.0
+            // Shut under half of GATE_OPEN, open in full at it (a tuned GATE_OPEN of 0 is
+            // always open, with no NaN from 0 / 0).
+            let shut = k.gate_open / 2.0;
+            let gate = if k.gate_open > 0.0 {
+                ((predicted - shut) / (k.gate_open - shut)).clamp(0.0, 1.0)
             } else {
-                0.0
+                1.0
             };
             proportional *= gate;
         }

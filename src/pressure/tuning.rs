@@ -181,8 +181,6 @@ tuning! {
     PROPORTIONAL_GAIN => proportional_gain: f64 = constants::PROPORTIONAL_GAIN;
     /// [`constants::REST_MARGIN`].
     REST_MARGIN => rest_margin: f64 = constants::REST_MARGIN;
-    /// `GATE_SHUT` in `src/pressure/constants.rs`.
-    GATE_SHUT => gate_shut: f64 = constants::GATE_SHUT;
     /// `GATE_OPEN` in `src/pressure/constants.rs`.
     GATE_OPEN => gate_open: f64 = constants::GATE_OPEN;
     /// `MIN_RATE_SPAN` in `src/pressure/constants.rs`, seconds.
@@ -213,8 +211,6 @@ tuning! {
     SCHEDULE_MAX_FLIPS => schedule_max_flips: f64 = constants::SCHEDULE_MAX_FLIPS;
     /// [`constants::SCHEDULE_RUN`].
     SCHEDULE_RUN => schedule_run: u32 = constants::SCHEDULE_RUN;
-    /// `STEP_CLAMP_TICKS` in `src/pressure/constants.rs`: the integral's time step is at most this many ticks.
-    STEP_CLAMP_TICKS => step_clamp_ticks: f64 = constants::STEP_CLAMP_TICKS;
     /// `UNVERIFIED_SETPOINT` in `src/pressure/constants.rs`.
     UNVERIFIED_SETPOINT => unverified_setpoint: f64 = constants::UNVERIFIED_SETPOINT;
     /// [`noload::LEARN_TAU`], seconds.
@@ -239,10 +235,6 @@ tuning! {
     RAMP_TEST_LATENCIES => ramp_test_latencies: f64 = noload::RAMP_TEST_LATENCIES;
     /// [`noload::RAMP_TEST_TAUS`].
     RAMP_TEST_TAUS => ramp_test_taus: f64 = noload::RAMP_TEST_TAUS;
-    /// [`noload::RAMP_TEST_GAP_TICKS`].
-    RAMP_TEST_GAP_TICKS => ramp_test_gap_ticks: u32 = noload::RAMP_TEST_GAP_TICKS;
-    /// [`noload::SETTLED_TICKS`].
-    SETTLED_TICKS => settled_ticks: u32 = noload::SETTLED_TICKS;
     /// [`noload::REST_HOLD_TICKS`].
     REST_HOLD_TICKS => rest_hold_ticks: u32 = noload::REST_HOLD_TICKS;
     /// [`noload::UNDER_USED`].
@@ -269,12 +261,8 @@ tuning! {
     MORE => more: f64 = probe::MORE;
     /// [`probe::RISE`].
     RISE => rise: f64 = probe::RISE;
-    /// [`probe::SAME_OFFER`].
-    SAME_OFFER => same_offer: f64 = probe::SAME_OFFER;
     /// [`probe::MIN_INFLIGHT`].
     MIN_INFLIGHT => min_inflight: f64 = probe::MIN_INFLIGHT;
-    /// [`probe::BACKOFF_TICKS`].
-    BACKOFF_TICKS => backoff_ticks: u32 = probe::BACKOFF_TICKS;
 }
 
 impl Default for Tuning {
@@ -316,7 +304,7 @@ mod tests {
 
     #[test]
     fn every_name_reads_back_its_default() {
-        assert_eq!(Tuning::NAMES.len(), 60);
+        assert_eq!(Tuning::NAMES.len(), 54);
         for name in Tuning::NAMES {
             let value = Tuning::DEFAULT.get(name).expect("a named value");
             let mut t = Tuning::DEFAULT;
@@ -346,7 +334,7 @@ mod tests {
             Tuning::with_overrides("CALM"),
             Err(TuningError::Malformed(_))
         ));
-        let t = Tuning::with_overrides("RAMP_TEST_GAP_TICKS=1.5").expect("valid");
-        assert_eq!(t.ramp_test_gap_ticks, 2);
+        let t = Tuning::with_overrides("CALM_TICKS=1.5").expect("valid");
+        assert_eq!(t.calm_ticks, 2);
     }
 }

@@ -20,7 +20,7 @@ fn run_span(k: &Tuning) -> u32 {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ramp {
     /// Rising ticks (raises of at least [`RAMP_RISE`](super::RAMP_RISE)) in a run: one that learning at rest
-    /// has not settled ([`SETTLED_TICKS`](super::SETTLED_TICKS)) nor lowered since it began, with the loop at rest
+    /// has not settled ([`CALM_TICKS`](crate::pressure::CALM_TICKS) small raises) nor lowered since it began, with the loop at rest
     /// and no silence over [`RAMP_TICKS`](super::RAMP_TICKS) ticks, and of at most [`run_span`] raises.
     rising: u32,
     /// Small raises (under [`RAMP_RISE`](super::RAMP_RISE)) in the run: they pause it.
@@ -28,7 +28,7 @@ pub(super) struct Ramp {
     /// The value before the first of them, seconds.
     base: f64,
     /// The value learning last settled at, seconds (infinite until then): at a tick with
-    /// latency at or under the target, after [`SETTLED_TICKS`](super::SETTLED_TICKS) small raises since the last
+    /// latency at or under the target, after [`CALM_TICKS`](crate::pressure::CALM_TICKS) small raises since the last
     /// rising tick (a slower upstream learned), or verified. A rise taken back goes no higher
     /// than this (a queue that fills slowly also rises in runs broken by dips, each learned in
     /// part).
@@ -67,7 +67,7 @@ struct RampTest {
     /// backlog).
     waited: u32,
     /// Ticks without an effort in a row once the shedding began: past
-    /// [`RAMP_TEST_GAP_TICKS`](super::RAMP_TEST_GAP_TICKS) the effort unwound (latency fell: a queue drained), and the
+    /// one [`LATENCY_TAU`](crate::pressure::LATENCY_TAU) of ticks the effort unwound (latency fell: a queue drained), and the
     /// test is dropped.
     gap: u32,
 }
@@ -168,7 +168,13 @@ impl Ramp {
         if !t.effort {
             test.waited += 1;
             test.gap += 1;
-            let unwound = test.shed_for > 0.0 && test.gap > k.ramp_test_gap_ticks;
+            // Unwound for one LATENCY_TAU of ticks in a row (3): the effort ended because
+            // latency fell, and a later shedding must not add to this one's time (it would read
+            // latency it has not yet had time to lower); an effort touching 0 for a tick does
+            // not end the test. It was a constant of its own; at half and twice the value the
+            // ablation's scenarios and fleet report did not change (docs/pressure.md).
+            let gap_ticks = (k.latency_tau.as_secs_f64() / TICK.as_secs_f64()).round();
+            let unwound = test.shed_for > 0.0 && f64::from(test.gap) > gap_ticks;
             if unwound || test.waited > k.ramp_ticks {
                 self.test = None;
             }
@@ -177,7 +183,7 @@ impl Ramp {
         test.gap = 0;
         // Silent ticks neither count nor are read (a hang's backlog would read as no fall).
         t.tick_mean?;
-        test.shed_for += dt.min(k.step_clamp_ticks * TICK.as_secs_f64());
+        test.shed_for += dt.min(TICK.as_secs_f64());
         let span =
             k.ramp_test_latencies * test.suspect + k.ramp_test_taus * k.latency_tau.as_secs_f64();
         if test.shed_for < span {
@@ -207,7 +213,11 @@ impl Ramp {
             // A small raise neither counts nor breaks the run; a settled value ends it, and
             // so does a run that has spanned RUN_SPAN raises.
             self.settled = self.settled.saturating_add(1);
-            if self.settled >= k.settled_ticks {
+            // Settled after as many small raises as make a replica calm (one second): a slower
+            // upstream learned, the value a later rise may be taken back to. It was a constant
+            // of its own (20); at half and twice the value the ablation's scenarios and fleet
+            // report did not change (docs/pressure.md).
+            if self.settled >= k.calm_ticks {
                 self.anchor = next;
                 self.rising = 0;
             }
