@@ -74,6 +74,11 @@ fn signals_before_serving_are_remembered_not_fatal() {
         p.signal("HUP");
         std::thread::sleep(Duration::from_millis(100));
     }
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "compared with the child process's own log timestamp, read from the same wall clock"
+    )]
+    let last_hup = std::time::SystemTime::now();
     assert!(
         p.child.try_wait().unwrap().is_none(),
         "killed by a signal during start-up: {:#?}",
@@ -88,7 +93,23 @@ fn signals_before_serving_are_remembered_not_fatal() {
         .iter()
         .filter(|l| l.contains("policy reload on SIGHUP"))
         .count();
-    assert_eq!(reloads, 1, "{:#?}", p.log);
+    // Every SIGHUP before serving is one reload. Start-up usually outlasts the 1.5 s of
+    // signals, but on a fast or idle machine it may not: then the SIGHUPs after serving
+    // began are one more reload at most (one during the first queues one), as in the storm
+    // below. When serving began is read from the log line's own timestamp (same clock).
+    let serving_at = p
+        .log
+        .iter()
+        .find(|l| l.contains("shedgate serving"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        .expect("the serving line starts with its RFC 3339 timestamp");
+    let most = if serving_at < last_hup { 2 } else { 1 };
+    assert!(
+        (1..=most).contains(&reloads),
+        "{reloads} reloads, at most {most}: {:#?}",
+        p.log
+    );
     // A storm while serving (twenty SIGHUPs from one `kill`, microseconds apart) is one
     // more reload, or two if the first began between them.
     let pid = p.child.id().to_string();
