@@ -61,9 +61,10 @@ def parse_fleet(text):
         if m:
             case["recovered"] = int(m.group(1))
             continue
-        m = re.match(r"^  (\S.*?) \[.*p99 median (\d+) ms.*shed median [\d.]+%, most ([\d.]+)%", line)
+        # The phase's own shed figure is the first "shed median"; the second is ranks 1-10's.
+        m = re.match(r"^  (\S.*?) \[.*?p99 median (\d+|inf) ms.*?; shed median [\d.]+%, most ([\d.]+)%", line)
         if m:
-            case["phases"][m.group(1)] = (int(m.group(2)), float(m.group(3)))
+            case["phases"][m.group(1)] = (float(m.group(2)), float(m.group(3)))
     return cases
 
 
@@ -82,9 +83,12 @@ def verdict(base, now):
         if b["recovered"] is not None and n["recovered"] is not None and n["recovered"] <= b["recovered"] - 2:
             why.append(f"{name}: recovered {b['recovered']}->{n['recovered']}")
         for phase, (p99, most) in b["phases"].items():
-            p99n, mostn = n["phases"].get(phase, (p99, most))
+            if phase not in n["phases"]:
+                why.append(f"{name} {phase}: missing")
+                continue
+            p99n, mostn = n["phases"][phase]
             if p99n > p99 * 1.15:
-                why.append(f"{name} {phase}: p99 median {p99}->{p99n} ms")
+                why.append(f"{name} {phase}: p99 median {p99:g}->{p99n:g} ms")
             not_shed = "slow" in phase
             if not_shed and mostn > most + 1.0:
                 why.append(f"{name} {phase}: most shed {most}->{mostn}%")
@@ -129,14 +133,16 @@ def main():
     mode, rest = sys.argv[1], sys.argv[2:]
     fleet = executable(["bench", "--bench", "fleet"], "fleet")
     tests = executable(["test", "--test", "proxy"], "proxy")
-    _, base = run_step(fleet, tests, "default", "", tests_first=True)
+    failed, base = run_step(fleet, tests, "default", "", tests_first=True)
+    if failed or not base:
+        sys.exit(f"the defaults fail, so nothing can be judged against them: {failed}")
     print("| step | overrides | verdict | why |\n|---|---|---|---|", flush=True)
     if mode == "remove":
         kept = []
         for line in open(rest[0]):
             if not line.strip() or line.startswith("#"):
                 continue
-            label, overrides = line.rstrip("\n").split("\t")
+            label, overrides = line.rstrip("\n").split("\t", 1)
             trial = ",".join(kept + [overrides])
             failed, cases = run_step(fleet, tests, label, trial)
             why = failed + verdict(base, cases)
@@ -159,9 +165,9 @@ def main():
                     continue
                 v = float(value) * factor
                 label = f"{name}x{factor}"
-                failed, cases = run_step(fleet, tests, label, f"{name}={v:g}", tests_first=True)
+                failed, cases = run_step(fleet, tests, label, f"{name}={v!r}", tests_first=True)
                 why = failed + verdict(base, cases)
-                print(f"| {label} | `{name}={v:g}` | {'distinguished' if why else 'no change'} | {'; '.join(why)} |",
+                print(f"| {label} | `{name}={v!r}` | {'distinguished' if why else 'no change'} | {'; '.join(why)} |",
                       flush=True)
 
 
