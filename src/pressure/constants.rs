@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 /// Smoothing time constant of the latency. Short, because the integral waits on it at the
-/// onset of overload; at 20 samples per tick the mean of a tick is already steady.
+/// onset of overload; at 20 samples per tick the mean of a tick is already steady. Also, in
+/// ticks (3), how long an effort unwound drops a take-back's test (`noload::ramp`).
 pub const LATENCY_TAU: Duration = Duration::from_millis(150);
 /// Time constant with which the latency estimate decays while no samples arrive. It keeps the
 /// controller from freezing: when everything sheddable is shed and the upstream idles, no
@@ -65,7 +66,8 @@ pub const CALM: f64 = 0.8;
 /// [`LATENCY_SETPOINT`] latency at the target without a queue read above 0.5 (the unit test
 /// `half_at_target_latency_without_a_queue`).
 pub const COLD_SETPOINT: f64 = 1.0;
-/// Consecutive calm ticks after which a replica has seen its upstream calm: one second.
+/// Consecutive calm ticks after which a replica has seen its upstream calm: one second. Also
+/// the small raises after which learning at rest has settled (`noload::ramp`).
 pub const CALM_TICKS: u32 = 20;
 /// Smallest learned share the proportional part divides by, requests. With many replicas in
 /// front of a small upstream a replica's share is below one request (16 replicas, 8 workers:
@@ -140,12 +142,14 @@ pub const UNWIND_GAIN: f64 = 8.0;
 /// fix (never-shed traffic alone over capacity) does not build an effort that would take
 /// seconds to unwind.
 pub const MAX_EFFORT: f64 = 6.0;
-/// The error fed to the integral is clamped to `±ERROR_CLAMP`, and the time step to one
-/// [`TICK`] (a stalled ticker is not a long overload:
+/// The error fed to the integral is clamped to `±ERROR_CLAMP`, and the time step to two
+/// [`TICK`]s (a stalled ticker is not a long overload:
 /// `src/pressure/tests.rs::a_stalled_ticker_is_not_a_long_overload`), so one tick of a huge
-/// queue (a 10x step) moves the effort by at most `INTEGRAL_GAIN * ERROR_CLAMP * TICK` = 0.4.
-/// The step clamp was two ticks; one, four and no clamp gave the same fleet report and
-/// scenario results (ticks under paused time are never late), so it is the tick itself.
+/// queue (a 10x step) moves the effort by at most `INTEGRAL_GAIN * ERROR_CLAMP * 2 * TICK` =
+/// 0.8. Two, not one: the ticker delays missed ticks (`MissedTickBehavior::Delay`), so a
+/// tick runs a little late whenever the runtime is busy, and a one-tick clamp would drop that
+/// time from the integral when the proxy is short of CPU, in overload. (One, four and no clamp
+/// gave the same fleet report: under paused time ticks are never late.)
 pub const ERROR_CLAMP: f64 = 2.0;
 /// The queue reading an unverified replica holds (in-flight over what its completion rate
 /// holds at the no-load latency learned at rest): no margin, since what it learned at rest

@@ -41,10 +41,10 @@ use super::schedule::GainSchedule;
 /// e      = clamp(min(r - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)    reported
 ///          clamp(min(qn - SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)   L0 verified
 ///          clamp(lc - COLD_SETPOINT, ±ERROR_CLAMP)    not yet, not seen calm, full confidence
-///          clamp(min(qn - 1, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)          not yet, otherwise
+///          clamp(min(qn - UNVERIFIED_SETPOINT, lc - LATENCY_SETPOINT), ±ERROR_CLAMP)  not yet, otherwise
 /// calm   = lc smoothed over RATE_TAU <= CALM at a tick with answers; seen calm after
 ///          CALM_TICKS such ticks in a row (silent ticks neither count nor break the run)
-/// b      = clamp(b + gain * e * min(dt, TICK), 0, MAX_EFFORT)       (gain: INTEGRAL_GAIN,
+/// b      = clamp(b + gain * e * min(dt, 2 * TICK), 0, MAX_EFFORT)   (gain: INTEGRAL_GAIN,
 ///          UNWIND_GAIN when e < 0)
 ///          held while the cold probe runs (super::probe), lowered by its step as it starts
 ///          — from rest only when in-flight is past the proportional part's rest reference
@@ -413,7 +413,7 @@ impl Controller {
             || over_cap
             || self.mean_u.max(current_u) > rest
             || self.noload.sustained_growth();
-        let step = dt.min(TICK.as_secs_f64());
+        let step = dt.min(2.0 * TICK.as_secs_f64());
         let effort = if action == Action::Start {
             (effort - k.step).max(0.0)
         } else if action == Action::Hold {

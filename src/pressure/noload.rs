@@ -169,7 +169,8 @@ pub const RAMP_TEST_LATENCIES: f64 = 2.0;
 /// target) starting 0.1, 0.5 and 1 s after a 1.5x overload, three seeds each, ran the same with
 /// the hold as without (2 -> 8 -> 3 and every other simulator figure are the same whether the
 /// wait counts every tick or only ticks with answers); held five seconds, the 1.8x slowdown
-/// from 0.5 s after was shed 31% for nine seconds at one seed.
+/// from 0.5 s after was shed 31% for nine seconds at one seed. Also how long the cold probe
+/// backs off after a probe (`super::probe`).
 pub const REST_HOLD_TICKS: u32 = 40;
 
 /// Mean in-flight over the learned share (peak completion rate times no-load latency) under

@@ -37,7 +37,9 @@ pub const STEP: f64 = 0.25;
 /// Ticks the lowered effort is held; the second half is measured (the first lets the extra
 /// requests be answered and the latency smoothing follow): half a second.
 pub const PROBE_TICKS: u32 = 10;
-/// Share by which the mean in-flight count must have grown for the probe to say anything.
+/// Share by which the mean in-flight count must have grown for the probe to say anything, and
+/// by less than which its arrivals must have moved (more in flight because more arrived says
+/// nothing).
 pub const MORE: f64 = 0.1;
 /// Largest rise of the smoothed latency over the probe, as a share of the target, for the
 /// upstream to have had room.

@@ -150,7 +150,12 @@ impl Show for u32 {
 
 impl Show for Duration {
     fn show(&self) -> f64 {
-        self.as_secs_f64()
+        // `inf` set it (a rule switched off): read back as an override would state it.
+        if *self == Duration::MAX {
+            f64::INFINITY
+        } else {
+            self.as_secs_f64()
+        }
     }
 }
 

@@ -183,7 +183,7 @@ impl Ramp {
         test.gap = 0;
         // Silent ticks neither count nor are read (a hang's backlog would read as no fall).
         t.tick_mean?;
-        test.shed_for += dt.min(TICK.as_secs_f64());
+        test.shed_for += dt.min(2.0 * TICK.as_secs_f64());
         let span =
             k.ramp_test_latencies * test.suspect + k.ramp_test_taus * k.latency_tau.as_secs_f64();
         if test.shed_for < span {
@@ -211,7 +211,7 @@ impl Ramp {
     pub(super) fn raise(&mut self, value: f64, next: f64, smoothed: f64, k: &Tuning) -> f64 {
         if next < value * (1.0 + k.ramp_rise) {
             // A small raise neither counts nor breaks the run; a settled value ends it, and
-            // so does a run that has spanned RUN_SPAN raises.
+            // so does a run that has spanned run_span(k) raises.
             self.settled = self.settled.saturating_add(1);
             // Settled after as many small raises as make a replica calm (one second): a slower
             // upstream learned, the value a later rise may be taken back to. It was a constant
