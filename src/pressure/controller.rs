@@ -202,7 +202,7 @@ impl Controller {
             return self.output;
         }
         let k = self.config.tuning;
-        let alpha = |tau: Duration| 1.0 - (-dt / tau.as_secs_f64()).exp();
+        let alpha = |tau: Duration| super::alpha(dt, tau);
         let target = self.config.latency_target.as_secs_f64().max(1e-6);
         let folded = self.costs.fold(latency, self.noload.value(), dt);
         let (latency, work) = (folded.latency, folded.work);
@@ -212,22 +212,13 @@ impl Controller {
             f64::from(inflight)
         };
         self.mean_u = self.output.utilisation(mean_inflight, k.min_share);
-        let reported = self
-            .report
-            .update(now, reports, alpha(k.latency_tau), k.latency_tau);
+        let reported = self.report.update(now, reports, dt, k.latency_tau);
         let tick_mean =
             (latency.count > 0).then(|| latency.sum_us as f64 / latency.count as f64 / 1e6);
         let last_sample = *self.last_sample.get_or_insert(now);
         if let Some(mean) = tick_mean {
             // After a silence (or at the first sample) it starts again from this mean.
-            self.l = super::follow(
-                self.l,
-                mean,
-                alpha(k.latency_tau),
-                k.latency_tau,
-                self.last_sample_seen,
-                now,
-            );
+            self.l = super::follow(self.l, mean, dt, k.latency_tau, self.last_sample_seen, now);
             self.last_sample = Some(now);
             self.last_sample_seen = Some(now);
         } else if self.mean_u > k.setpoint {

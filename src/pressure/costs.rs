@@ -134,7 +134,7 @@ impl Costs {
     /// `l0` the learned no-load latency (seconds; `None` while unknown), and learns from them.
     #[expect(clippy::cast_precision_loss, reason = "tick counts and sums < 2^52")]
     pub fn fold(&mut self, windows: &[LatencyWindow], l0: Option<f64>, dt: f64) -> Folded {
-        let a = |tau: Duration| 1.0 - (-dt / tau.as_secs_f64()).exp();
+        let a = |tau: Duration| super::alpha(dt, tau);
         let (a_offset, a_weight) = (a(OFFSET_TAU), a(WEIGHT_TAU));
         for (slot, w) in self.slots.iter_mut().zip(windows) {
             slot.weight += a_weight * (w.count as f64 / dt - slot.weight);
@@ -261,7 +261,7 @@ impl Costs {
     /// The learned offsets in use, milliseconds over the traffic-weighted mean (for `GET
     /// /pressure`): `(slot, offset)` for slots whose offset is significant.
     pub fn offsets_ms(&self) -> Vec<(usize, f64)> {
-        let alpha = 1.0 - (-super::TICK.as_secs_f64() / OFFSET_TAU.as_secs_f64()).exp();
+        let alpha = super::alpha(super::TICK.as_secs_f64(), OFFSET_TAU);
         self.shifts(alpha)
             .iter()
             .enumerate()

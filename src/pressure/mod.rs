@@ -119,15 +119,15 @@ pub struct ControllerConfig {
     pub tuning: &'static Tuning,
 }
 
-/// A tick's `mean` folded into the estimate `value` smoothed over [`LATENCY_TAU`] (`alpha`:
-/// that smoothing's step over the tick), or `mean` itself when the last arrival (`last`;
-/// `None`: none yet) was [`LATENCY_TAU`] or more before `now`: after a silence the decayed
-/// estimate says nothing of the upstream, so it starts again from what it answers now. The
+/// A tick's `mean` folded into the estimate `value` smoothed over `tau` ([`LATENCY_TAU`] by
+/// default) across the tick's `dt` seconds, or `mean` itself when the last arrival (`last`;
+/// `None`: none yet) was `tau` or more before `now`: after a silence the decayed estimate
+/// says nothing of the upstream, so it starts again from what it answers now. The
 /// controller's latency and the upstream's load report ([`report`]) both follow this rule.
 fn follow(
     value: f64,
     mean: f64,
-    alpha: f64,
+    dt: f64,
     tau: Duration,
     last: Option<Instant>,
     now: Instant,
@@ -135,6 +135,12 @@ fn follow(
     if last.is_none_or(|seen| now.saturating_duration_since(seen) >= tau) {
         mean
     } else {
-        value + alpha * (mean - value)
+        value + alpha(dt, tau) * (mean - value)
     }
+}
+
+/// The step of an exponential smoothing with time constant `tau` over `dt` seconds:
+/// `1 - e^(-dt / tau)`.
+fn alpha(dt: f64, tau: Duration) -> f64 {
+    1.0 - (-dt / tau.as_secs_f64()).exp()
 }

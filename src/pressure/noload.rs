@@ -545,7 +545,7 @@ impl NoLoad {
             self.value = Some(t.smoothed);
             self.ramp.fell();
         } else if !growing && self.since_effort >= k.rest_hold_ticks {
-            let a = 1.0 - (-dt / k.learn_tau.as_secs_f64()).exp();
+            let a = super::alpha(dt, k.learn_tau);
             let next = value + a * (t.smoothed - value);
             self.value = Some(self.ramp.raise(value, next, t.smoothed, k));
         }

@@ -111,7 +111,6 @@ impl Output {
                 .serving_rate
                 .max(completed as f64 / since.max(k.min_rate_span).as_secs_f64());
             // n > 0 here; a rate or target of 0 predicts an infinite latency: the gate is open.
-            // A gate tuned shut at 0 with no width is always open (no NaN from 0 / 0).
             let predicted = n / (serving * self.latency_target);
             // Shut under half of GATE_OPEN, open in full at it (a tuned GATE_OPEN of 0 is
             // always open, with no NaN from 0 / 0).

@@ -40,21 +40,21 @@ pub(super) struct LoadReport {
 }
 
 impl LoadReport {
-    /// Folds in a tick's reports (`alpha` is the smoothing step of
-    /// [`LATENCY_TAU`](super::LATENCY_TAU) over the tick; after a silence it starts again
-    /// from the tick's mean, `super::follow`); the smoothed utilisation while a report
-    /// arrived within [`REPORT_STALE`]. `tau`: the time constant `alpha` steps by.
+    /// Folds in a tick's reports (smoothed over `tau`, [`LATENCY_TAU`](super::LATENCY_TAU)
+    /// by default, across the tick's `dt` seconds; after a silence it starts again from the
+    /// tick's mean, `super::follow`); the smoothed utilisation while a report arrived within
+    /// [`REPORT_STALE`].
     #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
     pub(super) fn update(
         &mut self,
         now: Instant,
         window: ReportWindow,
-        alpha: f64,
+        dt: f64,
         tau: Duration,
     ) -> Option<f64> {
         if window.count > 0 {
             let mean = window.sum_millionths as f64 / window.count as f64 / 1e6;
-            self.value = super::follow(self.value, mean, alpha, tau, self.seen, now);
+            self.value = super::follow(self.value, mean, dt, tau, self.seen, now);
             self.seen = Some(now);
         }
         self.current = self

@@ -15,29 +15,34 @@ use std::time::Duration;
 
 use super::{constants, noload, probe};
 
-/// A tuned value's type: how an override's text reads as one.
+/// A tuned value's type: how an override's text reads as one, and how it reads back.
 trait Value: Sized {
     /// The value `text` states, or `None`. `inf` is the largest value (a rule whose count
     /// or time constant never elapses).
     fn parse(text: &str) -> Option<Self>;
+    /// The value as a number, as an override would state it (seconds for durations).
+    fn show(&self) -> f64;
 }
 
 impl Value for f64 {
     fn parse(text: &str) -> Option<Self> {
         text.parse::<f64>().ok().filter(|v| !v.is_nan())
     }
+    fn show(&self) -> f64 {
+        *self
+    }
 }
 
 impl Value for u32 {
     /// Tick counts: a fractional count (a ×0.5 perturbation of 3) rounds to the nearest.
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "clamped to u32's range first"
-    )]
+    #[expect(clippy::cast_possible_truncation, reason = "clamped to u32's range")]
     #[expect(clippy::cast_sign_loss, reason = "clamped to 0 or more first")]
     fn parse(text: &str) -> Option<Self> {
         let v = f64::parse(text)?;
         (v >= 0.0).then(|| v.round().min(f64::from(u32::MAX)) as u32)
+    }
+    fn show(&self) -> f64 {
+        f64::from(*self)
     }
 }
 
@@ -49,6 +54,14 @@ impl Value for Duration {
             return Some(Duration::MAX);
         }
         Duration::try_from_secs_f64(v).ok()
+    }
+    fn show(&self) -> f64 {
+        // `inf` set it (a rule switched off): read back as an override would state it.
+        if *self == Duration::MAX {
+            f64::INFINITY
+        } else {
+            self.as_secs_f64()
+        }
     }
 }
 
@@ -123,40 +136,12 @@ macro_rules! tuning {
             /// constants); `None` for an unknown name.
             pub fn get(&self, name: &str) -> Option<f64> {
                 match name {
-                    $( stringify!($name) => Some(Show::show(&self.$field)), )*
+                    $( stringify!($name) => Some(Value::show(&self.$field)), )*
                     _ => None,
                 }
             }
         }
     };
-}
-
-/// A tuned value as a number (seconds for durations).
-trait Show {
-    fn show(&self) -> f64;
-}
-
-impl Show for f64 {
-    fn show(&self) -> f64 {
-        *self
-    }
-}
-
-impl Show for u32 {
-    fn show(&self) -> f64 {
-        f64::from(*self)
-    }
-}
-
-impl Show for Duration {
-    fn show(&self) -> f64 {
-        // `inf` set it (a rule switched off): read back as an override would state it.
-        if *self == Duration::MAX {
-            f64::INFINITY
-        } else {
-            self.as_secs_f64()
-        }
-    }
 }
 
 tuning! {
