@@ -21,18 +21,7 @@ async fn a_hung_upstream_is_shed_while_it_hangs_and_not_after() {
     // with a queue, the latency is at least the silence). Requests started in the
     // hang end by about 9 s; from then pressure must be back at or below 0.5 within 3 s,
     // and the load that follows is not shed.
-    let phases = vec![
-        Phase {
-            from: Duration::from_secs(5),
-            slowdown: 100.0,
-            fail_rate: 0.0,
-        },
-        Phase {
-            from: Duration::from_secs(7),
-            slowdown: 1.0,
-            fail_rate: 0.0,
-        },
-    ];
+    let phases = Phase::between(Duration::from_secs(5), Duration::from_secs(7), 100.0);
     let (s, cap) = run(&[(20, 0.8)], phases, 21).await;
     let text = summary(&s, cap);
     // Not the per-second rank order: pressure goes from 0.5 to 1.0 within second 5, so that

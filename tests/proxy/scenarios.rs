@@ -352,18 +352,7 @@ async fn an_upstream_left_slow_after_its_overload_is_not_shed_for_good() {
 async fn a_slowdown_that_ends_stops_the_shedding() {
     // The upstream slows to half speed for five seconds under 0.8x load (1.6x of the slowed
     // capacity), then is itself again: nothing learned during the slowdown keeps shedding.
-    let phases = vec![
-        Phase {
-            from: Duration::from_secs(5),
-            slowdown: 2.0,
-            fail_rate: 0.0,
-        },
-        Phase {
-            from: Duration::from_secs(10),
-            slowdown: 1.0,
-            fail_rate: 0.0,
-        },
-    ];
+    let phases = Phase::between(Duration::from_secs(5), Duration::from_secs(10), 2.0);
     let (s, cap) = run(&[(20, 0.8)], phases, 17).await;
     let text = summary(&s, cap);
     assert_invariants(&s, &text);

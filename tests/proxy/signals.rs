@@ -74,10 +74,7 @@ fn signals_before_serving_are_remembered_not_fatal() {
         p.signal("HUP");
         std::thread::sleep(Duration::from_millis(100));
     }
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "compared with the child process's own log timestamp, read from the same wall clock"
-    )]
+    #[expect(clippy::disallowed_methods, reason = "the child logs this clock")]
     let last_hup = std::time::SystemTime::now();
     assert!(
         p.child.try_wait().unwrap().is_none(),

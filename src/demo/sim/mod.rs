@@ -96,6 +96,23 @@ impl Phase {
             })
             .collect()
     }
+
+    /// An upstream `slowdown` times slower from `from` until `until` (a hang, with a large
+    /// factor), itself before and after: two phases, none failing.
+    pub fn between(from: Duration, until: Duration, slowdown: f64) -> Vec<Phase> {
+        vec![
+            Phase {
+                from,
+                slowdown,
+                fail_rate: 0.0,
+            },
+            Phase {
+                from: until,
+                slowdown: 1.0,
+                fail_rate: 0.0,
+            },
+        ]
+    }
 }
 
 /// The upstream failed the request (a failure phase).
