@@ -39,8 +39,12 @@ pub struct PressureGauge {
     latency: AtomicU64,
     /// The same per cost slot ([`CostSlot`]), for the tick.
     by_slot: Box<[AtomicU64]>,
-    /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]).
+    /// Packed [`InflightWindow`] (see [`OBSERVED_SUM_BITS`]): the arrivals since the last
+    /// tick and the in-flight counts they saw ([`PressureGauge::arrive`]).
     observed: AtomicU64,
+    /// Arrivals folded into the controller by past ticks; written under `controller`'s lock
+    /// with the swap of `observed`, so that [`PressureGauge::arrivals`] never counts one twice.
+    ticked_arrivals: AtomicU64,
     /// Packed [`ReportWindow`] (the layout of `latency`, millionths for microseconds).
     reports: AtomicU64,
     output: ArcSwap<Output>,
@@ -74,6 +78,7 @@ impl PressureGauge {
             latency: AtomicU64::new(0),
             by_slot: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             observed: AtomicU64::new(0),
+            ticked_arrivals: AtomicU64::new(0),
             reports: AtomicU64::new(0),
             output: ArcSwap::from_pointee(output),
             capacity: AtomicU32::new(output.capacity()),
@@ -104,15 +109,36 @@ impl PressureGauge {
             .unwrap_or_else(|| Pressure::saturating(self.computed(self.inflight())))
     }
 
-    /// The pressure an admission decision uses now, as [`PressureGauge::pressure`]; also
-    /// records the in-flight count this arrival saw, for the next tick's mean.
-    pub fn admission_pressure(&self) -> Pressure {
+    /// Observes one arrival: a request that reaches its admission decision (a sheddable
+    /// body read) or streams through unread (a `never` or unknown stream). Records the
+    /// in-flight count it saw, for the next tick's mean and the offered rate (the
+    /// controller's still-offered test and the cold probe read it, docs/pressure.md
+    /// "Samples"). Called once per request, by the live path and the simulator alike:
+    /// [`PressureGauge::admission_pressure`] calls it, and a request that needs no pressure
+    /// calls it alone. Returns that in-flight count.
+    pub fn arrive(&self) -> u32 {
         let inflight = self.inflight();
         let sum = u64::from(inflight).min((1 << OBSERVED_SUM_BITS) - 1);
         self.observed
             .fetch_add((1 << OBSERVED_SUM_BITS) | sum, Ordering::Relaxed);
+        inflight
+    }
+
+    /// Observes one arrival ([`PressureGauge::arrive`]) and returns the pressure its
+    /// admission decision uses: as [`PressureGauge::pressure`], at the in-flight count the
+    /// arrival saw. Call it once per request: a second call counts a second arrival.
+    pub fn admission_pressure(&self) -> Pressure {
+        let inflight = self.arrive();
         self.pin_value()
             .unwrap_or_else(|| Pressure::saturating(self.computed(inflight)))
+    }
+
+    /// Arrivals observed since the gauge was made (ticked or not): the count the offered
+    /// rate is made of, for tests and reports.
+    pub fn arrivals(&self) -> u64 {
+        let _c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+        let (pending, _) = unpack(self.observed.load(Ordering::Relaxed), OBSERVED_SUM_BITS);
+        self.ticked_arrivals.load(Ordering::Relaxed) + pending
     }
 
     /// Pins pressure (drills, tests); `None` unpins.
@@ -181,8 +207,6 @@ impl PressureGauge {
                 unpack(self.by_slot[i].swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
             LatencyWindow { count, sum_us }
         });
-        let (seen, sum) = unpack(self.observed.swap(0, Ordering::Relaxed), OBSERVED_SUM_BITS);
-        let observed = InflightWindow { count: seen, sum };
         let (count, sum_millionths) =
             unpack(self.reports.swap(0, Ordering::Relaxed), LATENCY_SUM_BITS);
         let reports = ReportWindow {
@@ -191,6 +215,9 @@ impl PressureGauge {
         };
         let inflight = self.inflight();
         let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+        let (seen, sum) = unpack(self.observed.swap(0, Ordering::Relaxed), OBSERVED_SUM_BITS);
+        self.ticked_arrivals.fetch_add(seen, Ordering::Relaxed);
+        let observed = InflightWindow { count: seen, sum };
         let out = c.update_slots(now, inflight, observed, &windows, reports);
         self.output.store(std::sync::Arc::new(out));
         self.capacity.store(out.capacity(), Ordering::Relaxed);

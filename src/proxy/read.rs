@@ -62,6 +62,8 @@ where
     let bytes = match read.await {
         Err(_) => return reject(&shared, &snapshot, stream, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
+            // Shed before its decision, but offered all the same: its one arrival.
+            shared.pressure.arrive();
             return shed_outside_decide(&shared, &snapshot, stream, ShedReason::Memory);
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
@@ -149,11 +151,15 @@ where
     // the bound (docs/decision.md "Decision rule", step 4).
     let local_now = shared.sources().now();
     let now = shared.skew.correct(local_now);
-    // A schedule's floor raises pressure while its window is open; a pin overrides both.
-    let (pressure, schedule) = if shared.pressure.is_pinned() {
-        (shared.pressure.admission_pressure(), None)
+    // This request's one arrival ([`crate::pressure::PressureGauge::arrive`]), and the
+    // pressure it is decided at. A schedule's floor raises pressure while its window is
+    // open; a pin overrides both.
+    let raw = shared.pressure.admission_pressure();
+    let pinned = shared.pressure.is_pinned();
+    let (pressure, schedule) = if pinned {
+        (raw, None)
     } else {
-        schedule_floor(policy, local_now, shared.pressure.admission_pressure())
+        schedule_floor(policy, local_now, raw)
     };
     // The device the request names, for a sheddable stream: its history is the decision's
     // input (a device the table does not remember starts from a draw of its own), and the
@@ -180,12 +186,6 @@ where
         }
     };
     decision.schedule = schedule;
-    let pinned = shared.pressure.is_pinned();
-    let raw = if pinned {
-        pressure
-    } else {
-        shared.pressure.admission_pressure()
-    };
     shared.preview(
         &snapshot,
         &Live {

@@ -138,7 +138,9 @@ impl<S> Admission<S> {
             ResponseFuture::boxed(admit_sheddable(shared, inner, snapshot, reading, req))
         } else {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
-            // through, still bounded in size and time.
+            // through, still bounded in size and time. Its arrival is observed all the same
+            // (the offered rate counts every request the upstream is offered).
+            shared.pressure.arrive();
             shared.preview_unread(
                 &snapshot,
                 stream.map(|id| policy.stream_policy(id).name.as_str()),

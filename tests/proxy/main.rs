@@ -487,3 +487,34 @@ async fn host_header_can_be_the_upstreams() {
         upstream.addr.to_string().as_str()
     );
 }
+
+#[tokio::test]
+async fn every_arrival_is_observed_once_never_streams_included() {
+    // The controller's offered rate counts arrivals: once per request, whether it is decided
+    // (a sheddable body, pinned or not) or streams through unread (a `never` or unknown
+    // stream), as the simulator counts every event once.
+    let (upstream, _policy, proxy) = seeded().await;
+    let gauge = &proxy.parts.pressure;
+    let before = gauge.arrivals();
+    let sent = [
+        ("vehicle.position", 3),
+        ("geofence.transition", 2),
+        ("some.unknown.stream", 2),
+    ];
+    for (stream, n) in sent {
+        for _ in 0..n {
+            let a = post(&proxy, stream, event(BERLIN, 0)).await;
+            assert_eq!(a.status, StatusCode::OK, "{stream}");
+        }
+    }
+    assert_eq!(gauge.arrivals() - before, 7, "unpinned");
+    // Pinned: the decision reads the pin, and the arrival is still counted once.
+    pin(&proxy, 0.8).await;
+    let before = gauge.arrivals();
+    let shed = post(&proxy, "vehicle.position", event(MUNICH, 0)).await;
+    assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
+    let kept = post(&proxy, "dlq.replay", event(MUNICH, 0)).await;
+    assert_eq!(kept.status, StatusCode::OK);
+    assert_eq!(gauge.arrivals() - before, 2, "pinned");
+    assert_eq!(upstream.count(), 8);
+}
