@@ -44,7 +44,7 @@
 //! - [`stats`] and [`metrics`]: the operational summary behind `/stats`, and metric names as
 //!   constants with descriptions and pre-registered handles.
 //! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically, and the
-//!   reload that watches the policy directory.
+//!   reload that watches the policy directory where its symlinks lead (`live::watched`).
 //! - [`record`]: every decision on record — the access log (one JSON line per answer,
 //!   written off the request path), the replay of a log under a policy, and the preview of a
 //!   candidate policy decided in shadow.

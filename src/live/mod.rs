@@ -4,5 +4,6 @@
 pub mod debounce;
 pub mod reload;
 pub mod store;
+pub mod watched;
 
 pub use store::PolicyStore;

@@ -10,8 +10,12 @@
 //! the content changed (docs/dependencies.md "notify"). A periodic re-check is the safety net for
 //! events a watcher misses (a directory deleted and re-created kills an inotify watch
 //! silently), and re-creates the watcher when it died.
+//!
+//! The watcher watches the canonical places the directory's symlinks lead to
+//! ([`WatchSet`]), resolved again after each reload: when a link swapped (`ln -sfn v2
+//! current`), it moves to the new places at once rather than at the next re-check.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::debounce::Quiet;
 use super::store::{PolicyStore, ReloadOutcome};
+use super::watched::WatchSet;
 use crate::policy::PolicyFiles;
 use crate::signals::Hangups;
 
@@ -64,7 +69,7 @@ pub fn spawn(
     hangups: Option<Hangups>,
 ) -> tokio::task::JoinHandle<()> {
     let (tx, rx) = mpsc::unbounded_channel::<()>();
-    let watcher = start_watcher(store.dir(), &tx);
+    let watcher = DirWatcher::start(store.dir(), &tx);
     // Anything saved between the first load and the watch is caught by one check at once.
     let _ = tx.send(());
     tokio::spawn(run(
@@ -108,7 +113,7 @@ async fn run(
             }
             Trigger::Periodic if watcher.as_ref().is_none_or(|w| w.dead()) => {
                 tracing::warn!(dir = %dir.display(), "policy watcher is not running; starting it again");
-                watcher = start_watcher(&dir, &tx);
+                watcher = DirWatcher::start(&dir, &tx);
             }
             _ => {}
         }
@@ -119,7 +124,40 @@ async fn run(
         } else if let ReloadOutcome::Swapped { .. } | ReloadOutcome::Failed { .. } = &outcome {
             tracing::debug!(?trigger, ?outcome, "policy reload");
         }
+        if let Some(moved) = follow(&dir, watcher.as_ref(), &tx).await {
+            watcher = moved;
+            // A save in the new places between the reload and this watch: one check now.
+            let _ = tx.send(());
+        }
     }
+}
+
+/// Resolves `dir` again after a reload: when a symlink on the way or under it now leads
+/// elsewhere (`ln -sfn`), a watcher on the new places, else `None`. Without a running
+/// watcher it does nothing: the periodic re-check restarts one.
+async fn follow(
+    dir: &Path,
+    watcher: Option<&DirWatcher>,
+    tx: &mpsc::UnboundedSender<()>,
+) -> Option<Option<DirWatcher>> {
+    let current = Arc::clone(&watcher?.set);
+    let (dir, tx) = (dir.to_owned(), tx.clone());
+    tokio::task::spawn_blocking(move || {
+        let set = WatchSet::of(&dir).ok()?;
+        if set == *current {
+            return None;
+        }
+        tracing::info!(
+            dir = %dir.display(),
+            from = ?current.root(),
+            to = ?set.root(),
+            "the policy path leads elsewhere now: watching the new places"
+        );
+        Some(DirWatcher::on(set, &tx))
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// Waits until the directory is quiet and its content stable.
@@ -154,15 +192,85 @@ async fn fingerprint(dir: PathBuf) -> Option<String> {
         .flatten()
 }
 
-/// A running directory watcher; it notes when notify reports an error.
+/// A running watcher on the places of a [`WatchSet`]; it notes when notify reports an
+/// error or the policy directory itself is removed.
 struct DirWatcher {
     _watcher: notify::RecommendedWatcher,
+    set: Arc<WatchSet>,
     dead: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DirWatcher {
     fn dead(&self) -> bool {
         self.dead.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Resolves `dir` and watches what it leads to; `None` (logged) when it cannot.
+    fn start(dir: &Path, tx: &mpsc::UnboundedSender<()>) -> Option<DirWatcher> {
+        match WatchSet::of(dir) {
+            Ok(set) => DirWatcher::on(set, tx),
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot resolve the policy directory to watch it");
+                None
+            }
+        }
+    }
+
+    /// Watches the places of `set`; `None` (logged) when the policy directory cannot be
+    /// watched. A place beside it that cannot be watched is logged and left to the periodic
+    /// re-check.
+    fn on(set: WatchSet, tx: &mpsc::UnboundedSender<()>) -> Option<DirWatcher> {
+        let set = Arc::new(set);
+        let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handler = {
+            let (set, flag, tx) = (Arc::clone(&set), Arc::clone(&dead), tx.clone());
+            move |event: notify::Result<notify::Event>| match event {
+                Ok(event) => {
+                    // The directory itself removed: this watch is over; the re-check restarts it.
+                    if event.kind.is_remove()
+                        && event.paths.iter().any(|p| Some(p.as_path()) == set.root())
+                    {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // A directory holding a link is watched for everything in it: only the
+                    // link's own changes count. An event without paths (the kernel's queue
+                    // overflowed) may have been anything.
+                    let ours = event.paths.is_empty() || event.paths.iter().any(|p| set.covers(p));
+                    if ours && changes(&event.kind) {
+                        let _ = tx.send(());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "policy watcher error");
+                    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        };
+        let mut watcher = match notify::recommended_watcher(handler) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a file watcher");
+                return None;
+            }
+        };
+        let places = set
+            .trees()
+            .iter()
+            .map(|t| (t.as_path(), RecursiveMode::Recursive))
+            .chain(set.entry_dirs().map(|d| (d, RecursiveMode::NonRecursive)));
+        for (i, (place, mode)) in places.enumerate() {
+            if let Err(e) = watcher.watch(place, mode) {
+                tracing::warn!(error = %e, place = %place.display(), "cannot watch a place the policy comes from");
+                if i == 0 {
+                    return None;
+                }
+            }
+        }
+        Some(DirWatcher {
+            _watcher: watcher,
+            set,
+            dead,
+        })
     }
 }
 
@@ -182,41 +290,6 @@ fn changes(kind: &notify::EventKind) -> bool {
     )
 }
 
-fn start_watcher(dir: &std::path::Path, tx: &mpsc::UnboundedSender<()>) -> Option<DirWatcher> {
-    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = Arc::clone(&dead);
-    let tx = tx.clone();
-    let root = dir.to_owned();
-    let handler = move |event: notify::Result<notify::Event>| match event {
-        Ok(event) => {
-            // The directory itself removed: this watch is over; the re-check restarts it.
-            if event.kind.is_remove() && event.paths.iter().any(|p| p == &root) {
-                flag.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            if changes(&event.kind) {
-                let _ = tx.send(());
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "policy watcher error");
-            flag.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    };
-    match notify::recommended_watcher(handler) {
-        Ok(mut w) => match w.watch(dir, RecursiveMode::Recursive) {
-            Ok(()) => Some(DirWatcher { _watcher: w, dead }),
-            Err(e) => {
-                tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the policy directory");
-                None
-            }
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot start a file watcher");
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,7 +302,7 @@ mod tests {
         let file = dir.path().join("streams.toml");
         std::fs::write(&file, "# v1\n").unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let _watcher = start_watcher(dir.path(), &tx).expect("a watcher");
+        let _watcher = DirWatcher::start(dir.path(), &tx).expect("a watcher");
         for _ in 0..3 {
             std::fs::read(&file).unwrap();
         }

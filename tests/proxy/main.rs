@@ -24,6 +24,7 @@ mod pool;
 mod preview;
 mod processes;
 mod reload;
+mod reload_links;
 mod replay;
 #[cfg(feature = "demo")]
 mod replicas;

@@ -15,28 +15,32 @@ use super::support::*;
 
 /// How long to wait for the watcher to pick a change up before calling it missed. The
 /// periodic re-check is set to an hour in these tests, so only the watcher can do it.
-const WATCH_DEADLINE: Duration = Duration::from_secs(20);
+pub(super) const WATCH_DEADLINE: Duration = Duration::from_secs(20);
 
-fn areas_with_default(rank: u8) -> String {
+pub(super) fn areas_with_default(rank: u8) -> String {
     format!(
         "default_rank = {rank}\n{}",
         BERLIN_AREA.replace("default_rank = 50", "")
     )
 }
 
-async fn spawn_watched(upstream: &MockUpstream, dir: &Path) -> Running {
+pub(super) async fn spawn_watched(upstream: &MockUpstream, dir: &Path) -> Running {
     spawn_proxy_with(&upstream.url(), dir, |a| {
         a.policy_recheck = Some(Duration::from_secs(3600).into())
     })
     .await
 }
 
-async fn live_policy(proxy: &Running) -> serde_json::Value {
+pub(super) async fn live_policy(proxy: &Running) -> serde_json::Value {
     admin_get(proxy, "/policy").await.json()
 }
 
 /// Polls `GET /policy` until `pred` holds; panics after the deadline.
-async fn wait_for(proxy: &Running, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+pub(super) async fn wait_for(
+    proxy: &Running,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) {
     let deadline = tokio::time::Instant::now() + WATCH_DEADLINE;
     loop {
         let p = live_policy(proxy).await;
@@ -51,11 +55,11 @@ async fn wait_for(proxy: &Running, what: &str, pred: impl Fn(&serde_json::Value)
     }
 }
 
-fn default_rank(p: &serde_json::Value) -> u64 {
+pub(super) fn default_rank(p: &serde_json::Value) -> u64 {
     p["default_rank"].as_u64().unwrap()
 }
 
-async fn failures(proxy: &Running) -> f64 {
+pub(super) async fn failures(proxy: &Running) -> f64 {
     metric(
         &scrape(proxy).await,
         "shedgate_policy_reloads_total",
