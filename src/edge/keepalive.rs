@@ -61,6 +61,9 @@ pub struct Activity {
     parking: AtomicBool,
     /// Whether the last write or flush to the socket blocked: hyper still holds answer bytes.
     write_blocked: AtomicBool,
+    /// Whether the request last handed to the service was HTTP/1.0 (its answer is the next
+    /// one given: see [`Activity::response`]).
+    http10: AtomicBool,
 }
 
 impl Activity {
@@ -74,6 +77,7 @@ impl Activity {
             since: Instant::now(),
             parking: AtomicBool::new(false),
             write_blocked: AtomicBool::new(false),
+            http10: AtomicBool::new(false),
         }
     }
 
@@ -82,9 +86,16 @@ impl Activity {
         self.write_blocked.store(blocked, Ordering::Relaxed);
     }
 
-    /// A request reached the service.
-    pub fn request(&self) {
+    /// A request of HTTP `version` reached the service.
+    pub fn request(&self, version: http::Version) {
+        self.http10
+            .store(version == http::Version::HTTP_10, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the request being answered (the last to reach the service) is HTTP/1.0.
+    pub fn answering_http10(&self) -> bool {
+        self.http10.load(Ordering::Relaxed)
     }
 
     /// The service gave an answer: returns its index, 0 for the connection's first. hyper
@@ -193,7 +204,7 @@ mod tests {
         let a = std::sync::Arc::new(Activity::new());
         assert!(a.between_requests(Progress::Between(0)), "fresh connection");
         assert!(!a.between_requests(Progress::InHead(0)), "a head part-way");
-        a.request();
+        a.request(http::Version::HTTP_11);
         assert!(!a.between_requests(Progress::Between(1)), "answer pending");
         let body = Answer::new(http_body_util::Empty::<Bytes>::new(), a.clone());
         assert!(!a.between_requests(Progress::Between(1)), "body not ended");

@@ -13,6 +13,7 @@ mod geography;
 #[cfg(feature = "demo")]
 mod harness;
 mod held;
+mod http10;
 mod keepalive;
 mod lifecycle;
 mod load_report;
