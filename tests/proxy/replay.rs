@@ -198,3 +198,152 @@ async fn a_changed_areas_file_gives_the_hand_computed_deltas() {
     let text = run.text("log");
     assert!(text.contains("open-loop"), "{text}");
 }
+
+/// `shedgate replay --log FILE` on `file`: exit code, standard output, standard error.
+fn replay_command(log: &Path, policies: &Path) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log"])
+        .arg(log)
+        .arg("--policies")
+        .arg(policies)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(data).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Logs as operators hand them over, against a real log: one still being written (a torn
+/// last line, or a zero-filled tail), a CRLF copy and a logrotate-compressed one (gzip, by its
+/// bytes, in two members) reproduce with exit 0, the torn tail warned about; a torn line in the
+/// middle, corrupt gzip or another compression cannot be read (2); decisions that differ are 1,
+/// even beside an unreadable line; an empty log replays nothing (3).
+#[tokio::test]
+async fn replay_inputs_as_operators_hand_them_over() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::new(STREAMS, Some(BERLIN_LOW));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let proxy = logging(
+        &upstream.url(),
+        policy.path(),
+        &log,
+        &Signals::none(),
+        |_| {},
+    )
+    .await;
+    pin(&proxy, 0.9).await;
+    for (i, at) in places().iter().take(16).enumerate() {
+        post(&proxy, "vehicle.position", fix(&format!("t{i}"), *at, 2)).await;
+    }
+    proxy.shutdown().await;
+    let good = std::fs::read(&log).unwrap();
+    let text = String::from_utf8(good.clone()).unwrap();
+    let whole: Vec<&str> = text.lines().collect();
+    assert_eq!(whole.len(), 16);
+    let reproduced = "16 reproduced, 0 mismatched";
+    let write = |name: &str, data: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, data).unwrap();
+        path
+    };
+    let run = |name: &str, data: &[u8]| replay_command(&write(name, data), policy.path());
+
+    let (code, out, err) = run("as-written.log", &good);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains(reproduced) && err.is_empty(), "{out}{err}");
+
+    // A log being written: its last line torn, no newline. Skipped, warned about, 0.
+    let torn = [good.as_slice(), &whole[0].as_bytes()[..150]].concat();
+    let (code, out, err) = run("torn.log", &torn);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains(reproduced), "{out}");
+    assert!(
+        err.starts_with("warning:") && err.contains("line 17: a torn last line, 150 bytes"),
+        "{err}"
+    );
+    let zeros = [good.as_slice(), &[0; 4096]].concat();
+    let (code, out, err) = run("zeros.log", &zeros);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains("line 17: 4096 zero bytes at the end"), "{err}");
+
+    let (code, out, err) = run("crlf.log", text.replace('\n', "\r\n").as_bytes());
+    assert_eq!(
+        (code, out.contains(reproduced)),
+        (Some(0), true),
+        "{out}{err}"
+    );
+
+    // logrotate's `compress`, read as zcat reads it: whatever its name, in two members.
+    let half = whole[..8].join("\n") + "\n";
+    let rest = whole[8..].join("\n") + "\n";
+    let members = [gzip(half.as_bytes()), gzip(rest.as_bytes())].concat();
+    let (code, out, err) = run("access.log.1", &members);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains(reproduced) && out.contains("(gzip-compressed)"),
+        "{out}"
+    );
+    let stdin = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log", "-", "--policies"])
+        .arg(policy.path())
+        .stdin(std::fs::File::open(write("stdin.gz", &members)).unwrap())
+        .output()
+        .unwrap();
+    assert!(stdin.status.success(), "{stdin:?}");
+
+    // What cannot be read as a log: 2, and why.
+    let mut corrupt = gzip(&good);
+    let middle = corrupt.len() / 2;
+    corrupt.truncate(middle);
+    let (code, out, err) = run("corrupt.log.gz", &corrupt);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("gzip-compressed, but it does not decompress"),
+        "{err}"
+    );
+    let zstd = [&[0x28, 0xb5, 0x2f, 0xfd][..], b"anything"].concat();
+    let (code, _, err) = run("access.log.zst", &zstd);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("zstd-compressed") && err.contains("zstdcat"),
+        "{err}"
+    );
+    let mut cut: Vec<String> = whole.iter().map(|l| (*l).to_owned()).collect();
+    cut[5].truncate(100);
+    let (code, out, err) = run("cut.log", (cut.join("\n") + "\n").as_bytes());
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        out.contains("line 6: not a shedgate access-log line"),
+        "{out}"
+    );
+    assert!(err.contains("1 line is not an access-log line"), "{err}");
+
+    // Decisions that differ are 1, whatever else the log holds.
+    let at = cut
+        .iter()
+        .position(|l| l.contains("\"rule\":\"pressure\""))
+        .expect("a pressure shed at 0.9");
+    cut[at] = cut[at].replace("\"rule\":\"pressure\"", "\"rule\":\"kept\"");
+    let (code, out, _) = run("cut-and-changed.log", (cut.join("\n") + "\n").as_bytes());
+    assert_eq!(code, Some(1), "{out}");
+
+    // Nothing to replay: 3, said so; so is a log that is only a torn line.
+    for (name, data) in [
+        ("empty.log", &b""[..]),
+        ("only-torn.log", &whole[0].as_bytes()[..90]),
+    ] {
+        let (code, out, err) = run(name, data);
+        assert_eq!(code, Some(3), "{name}: {out}{err}");
+        assert!(err.contains("holds no access-log line"), "{name}: {err}");
+    }
+}

@@ -32,7 +32,7 @@ use crate::pressure::Pressure;
 
 mod run;
 
-pub use run::{LISTED, Run};
+pub use run::{LISTED, Outcome, ReadError, Run, Torn};
 
 /// Counts of one replay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
