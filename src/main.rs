@@ -159,7 +159,7 @@ fn main() -> ExitCode {
         Command::Check { dir } => check(&dir),
         Command::Explain(args) => explain(&args),
         Command::Replay(args) => commands::replay::run(&args),
-        Command::Preview(args) => commands::preview::run(&args, &runtime()),
+        Command::Preview(args) => commands::preview::run(&args, &runtime(), &signals),
         #[cfg(feature = "plot")]
         Command::Curve(args) => curve(&args),
         #[cfg(feature = "demo")]

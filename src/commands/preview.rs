@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use shedgate::config::HumanDuration;
+use shedgate::signals::Signals;
 
 /// Arguments of `shedgate preview`.
 #[derive(Debug, clap::Args)]
@@ -20,7 +21,8 @@ pub(crate) struct PreviewArgs {
     /// How long the proxy decides in the candidate's shadow (at most 24h).
     #[arg(long = "for", value_name = "DURATION", default_value = "10m")]
     window: HumanDuration,
-    /// Start it and return; read the counts later with `GET /policy/preview`.
+    /// Start it, print its id and return; read the counts later with
+    /// `GET /policy/preview?id=ID`.
     #[arg(long)]
     no_wait: bool,
     /// Print the counts as JSON.
@@ -28,9 +30,15 @@ pub(crate) struct PreviewArgs {
     json: bool,
 }
 
-/// Exit 0: the preview ran (and its counts are printed); 1: the candidate does not compile or
-/// the proxy refused it; 2: the proxy cannot be reached.
-pub(crate) fn run(args: &PreviewArgs, runtime: &tokio::runtime::Runtime) -> ExitCode {
+/// Exit 0: the preview ran (and its counts are printed); 1: the candidate does not compile,
+/// the proxy refused it (another preview runs: its holder is printed), or it was stopped by
+/// someone else before its counts were read; 2: the proxy cannot be reached; 130 interrupted
+/// (SIGINT or SIGTERM), after stopping its own preview, and only its own.
+pub(crate) fn run(
+    args: &PreviewArgs,
+    runtime: &tokio::runtime::Runtime,
+    signals: &Signals,
+) -> ExitCode {
     // Compiled here first: the errors name the files on this machine.
     let files = match shedgate::policy::PolicyFiles::read(&args.dir) {
         Ok(f) => f,
@@ -46,6 +54,7 @@ pub(crate) fn run(args: &PreviewArgs, runtime: &tokio::runtime::Runtime) -> Exit
     let body = shedgate::admin::preview::Start {
         files: files.files(),
         seconds: Some(args.window.0.as_secs().max(1)),
+        by: Some(owner()),
     };
     let body = match serde_json::to_vec(&body) {
         Ok(b) => b,
@@ -54,9 +63,38 @@ pub(crate) fn run(args: &PreviewArgs, runtime: &tokio::runtime::Runtime) -> Exit
             return ExitCode::FAILURE;
         }
     };
+    if !args.no_wait {
+        // From the POST on, an interrupt stops this command's preview (and no other) before
+        // it exits: one that came while the POST was answered is seen once it has its id.
+        signals.serving();
+    }
     runtime.block_on(async {
-        let started = match call(&args.admin, http::Method::POST, Some(body)).await {
+        let post = call(&args.admin, http::Method::POST, "", Some(body));
+        tokio::pin!(post);
+        let answer = tokio::select! {
+            answer = &mut post => answer,
+            // Interrupted while the POST is out: its answer (if it comes soon) names the
+            // preview to stop.
+            () = signals.terminated() => {
+                match tokio::time::timeout(Duration::from_secs(5), &mut post).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        eprintln!("interrupted before the proxy answered the POST");
+                        return ExitCode::from(130);
+                    }
+                }
+            }
+        };
+        let started = match answer {
             Ok((status, text)) if status.is_success() => text,
+            Ok((http::StatusCode::CONFLICT, text)) => {
+                let problem: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                eprintln!(
+                    "error: the proxy runs another preview: {}",
+                    problem["detail"].as_str().unwrap_or(&text)
+                );
+                return ExitCode::FAILURE;
+            }
             Ok((status, text)) => {
                 eprintln!("error: the proxy answered {status}: {text}");
                 return ExitCode::FAILURE;
@@ -67,23 +105,47 @@ pub(crate) fn run(args: &PreviewArgs, runtime: &tokio::runtime::Runtime) -> Exit
             }
         };
         let started: serde_json::Value = serde_json::from_str(&started).unwrap_or_default();
+        let Some(id) = started["id"].as_str() else {
+            eprintln!("error: the proxy's answer names no preview id: {started}");
+            return ExitCode::FAILURE;
+        };
+        let query = format!("?id={id}");
         eprintln!(
-            "preview of {} (live: {}) running until {}",
+            "preview {id} of {} (live: {}) running until {}",
             started["candidate"].as_str().unwrap_or("?"),
             started["live"].as_str().unwrap_or("?"),
             started["until"].as_str().unwrap_or("?"),
         );
         if args.no_wait {
+            println!("{id}");
             return ExitCode::SUCCESS;
         }
-        tokio::time::sleep(args.window.0 + Duration::from_millis(200)).await;
-        match call(&args.admin, http::Method::GET, None).await {
+        tokio::select! {
+            () = tokio::time::sleep(args.window.0 + Duration::from_millis(200)) => {}
+            () = signals.terminated() => {
+                match call(&args.admin, http::Method::DELETE, &query, None).await {
+                    Ok((status, _)) if status.is_success() => {
+                        eprintln!("interrupted: preview {id} stopped");
+                    }
+                    Ok((status, text)) => {
+                        eprintln!("interrupted: stopping preview {id}: the proxy answered {status}: {text}");
+                    }
+                    Err(e) => eprintln!("interrupted: stopping preview {id}: {}: {e}", args.admin),
+                }
+                return ExitCode::from(130);
+            }
+        }
+        match call(&args.admin, http::Method::GET, &query, None).await {
             Ok((status, text)) if status.is_success() => {
                 print_report(&text, args.json);
                 ExitCode::SUCCESS
             }
             Ok((status, text)) => {
-                eprintln!("error: the proxy answered {status}: {text}");
+                let problem: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                eprintln!(
+                    "error: no counts: the proxy answered {status}: {}",
+                    problem["detail"].as_str().unwrap_or(&text)
+                );
                 ExitCode::FAILURE
             }
             Err(e) => {
@@ -92,6 +154,28 @@ pub(crate) fn run(args: &PreviewArgs, runtime: &tokio::runtime::Runtime) -> Exit
             }
         }
     })
+}
+
+/// Who starts a preview, for an operator whose `POST` is refused: `user@host (shedgate
+/// preview, pid N)`, from `USER` (or `LOGNAME`) and the kernel's host name.
+fn owner() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "?".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "?".to_owned());
+    let owner = format!(
+        "{user}@{host} (shedgate preview, pid {})",
+        std::process::id()
+    );
+    // The proxy refuses control characters and more than MAX_BY characters.
+    owner
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(shedgate::admin::preview::MAX_BY)
+        .collect()
 }
 
 fn print_report(text: &str, json: bool) {
@@ -133,13 +217,14 @@ fn print_report(text: &str, json: bool) {
 async fn call(
     admin: &str,
     method: http::Method,
+    query: &str,
     body: Option<Vec<u8>>,
 ) -> Result<(http::StatusCode, String), String> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let request = http::Request::builder()
         .method(method)
-        .uri(format!("http://{admin}/policy/preview"))
+        .uri(format!("http://{admin}/policy/preview{query}"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| e.to_string())?;

@@ -11,7 +11,7 @@
 //! - [`tally`]: decisions counted by stream, area and rank band, then and now.
 //! - [`replay`]: a log's lines decided again ([`replay::Replay`]).
 //! - [`preview`]: a candidate policy decided in shadow on live traffic
-//!   ([`preview::Preview`]).
+//!   ([`preview::Preview`]), one at a time ([`preview::PreviewSlot`]).
 
 mod format;
 pub mod line;
@@ -31,6 +31,6 @@ pub use writer::{AccessLog, LogConfig, Sampling, Target};
 pub struct Records {
     /// The access log, when `--access-log` is set.
     pub log: Option<std::sync::Arc<AccessLog>>,
-    /// The preview, when one was started (running or ended).
-    pub preview: std::sync::Arc<arc_swap::ArcSwapOption<Preview>>,
+    /// The preview, when one was started (running or ended), and the few before it.
+    pub preview: std::sync::Arc<preview::PreviewSlot>,
 }
