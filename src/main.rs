@@ -1,5 +1,5 @@
-//! The `shedgate` command: `serve`, `check`, `explain`, `replay`, `preview`, `curve`,
-//! `demo`.
+//! The `shedgate` command: `serve`, `check`, `explain`, `replay`, `preview`, `device-hash`,
+//! `curve`, `demo`.
 
 mod commands;
 
@@ -54,6 +54,9 @@ enum Command {
     /// Decide a running proxy's traffic in a candidate policy's shadow for a while, then print
     /// what it would have done beside what the live policy did.
     Preview(commands::preview::PreviewArgs),
+    /// Print a device id's hash as the access log writes it (`device`), with the secret file
+    /// the proxy reads: select a device's lines with it.
+    DeviceHash(commands::device_hash::DeviceHashArgs),
     /// Draw the policy's shed curve: shed probability against area rank, one line per
     /// pressure, with the areas and default_rank marked (PNG or SVG).
     #[cfg(feature = "plot")]
@@ -160,6 +163,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain(&args),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Preview(args) => commands::preview::run(&args, &runtime(), &signals),
+        Command::DeviceHash(args) => commands::device_hash::run(&args),
         #[cfg(feature = "plot")]
         Command::Curve(args) => curve(&args),
         #[cfg(feature = "demo")]

@@ -132,8 +132,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "OUTCOME=RATE,...")]
     pub access_log_sample: Option<String>,
     /// File holding the secret device ids are keyed-hashed with in the access log (at least
-    /// 16 bytes, the same on every replica); without it, lines name no device
-    /// [default: none].
+    /// 16 bytes once the ASCII whitespace at either end is removed, the same on every
+    /// replica); without it, lines name no device [default: none].
     #[arg(long, value_name = "FILE")]
     pub access_log_secret_file: Option<PathBuf>,
     /// Write the peer's whole address in the access log, not its /24 (IPv4) or /48 (IPv6)

@@ -50,14 +50,9 @@ pub(super) fn access_log(args: &ServeArgs) -> Result<(Option<LogConfig>, Arc<str
     };
     let device_key = match &args.access_log_secret_file {
         None => None,
-        Some(file) => {
-            let secret = std::fs::read(file).map_err(|e| {
-                invalid("access-log-secret-file", format!("{}: {e}", file.display()))
-            })?;
-            Some(DeviceKey::new(&secret).map_err(|e| {
-                invalid("access-log-secret-file", format!("{}: {e}", file.display()))
-            })?)
-        }
+        Some(file) => Some(
+            DeviceKey::read(file).map_err(|e| invalid("access-log-secret-file", e.to_string()))?,
+        ),
     };
     let target: Target = path.parse().unwrap_or(Target::Stdout);
     Ok((

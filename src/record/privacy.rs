@@ -47,13 +47,59 @@ pub const MIN_SECRET: usize = 16;
 )]
 pub struct ShortSecret(pub usize);
 
+/// A secret file that cannot key the hash.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// It cannot be read.
+    #[error("{}: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// What it holds is too short.
+    #[error("{}: {source}", path.display())]
+    Short {
+        /// The file.
+        path: std::path::PathBuf,
+        /// How short.
+        source: ShortSecret,
+    },
+}
+
+/// The key a secret file's content is: its bytes with the ASCII whitespace at either end
+/// removed (space, tab, LF, CR, form feed: `u8::is_ascii_whitespace`), and nothing else
+/// changed. So a file saved with a final `\n` (`echo`, `base64`), `\r\n` (an editor on
+/// Windows) or none keys the same hash; every other byte is the key's, as it is. The proxy
+/// and `shedgate device-hash` both read the file through [`DeviceKey::read`], so this one rule
+/// decides what both hash with (the shell's `"$(cat FILE)"` would keep a `\r`).
+pub fn secret_bytes(content: &[u8]) -> &[u8] {
+    content.trim_ascii()
+}
+
 impl DeviceKey {
-    /// A key from the secret's bytes (a file's content, surrounding whitespace removed).
+    /// The key a secret file holds ([`secret_bytes`] of its content).
+    ///
+    /// # Errors
+    /// [`SecretError`]: the file cannot be read, or its key is under [`MIN_SECRET`] bytes.
+    pub fn read(path: &std::path::Path) -> Result<Self, SecretError> {
+        let content = std::fs::read(path).map_err(|source| SecretError::Unreadable {
+            path: path.to_owned(),
+            source,
+        })?;
+        DeviceKey::new(&content).map_err(|source| SecretError::Short {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// A key from a secret file's content ([`secret_bytes`] of it).
     ///
     /// # Errors
     /// [`ShortSecret`] for a secret under [`MIN_SECRET`] bytes.
     pub fn new(secret: &[u8]) -> Result<Self, ShortSecret> {
-        let secret = secret.trim_ascii();
+        let secret = secret_bytes(secret);
         if secret.len() < MIN_SECRET {
             return Err(ShortSecret(secret.len()));
         }
@@ -62,8 +108,9 @@ impl DeviceKey {
             .map_err(|_| ShortSecret(secret.len()))
     }
 
-    /// The device `id` (as the request states it) hashed: the first 8 bytes of
-    /// HMAC-SHA-256, as 16 hex digits. About 0.5 µs, on the writer thread.
+    /// The device `id` (as the request states it: a string's content, a number as written)
+    /// hashed, byte for byte (no case folding, trimming or Unicode normalisation): the first 8
+    /// bytes of HMAC-SHA-256, as 16 lowercase hex digits. About 0.5 µs, on the writer thread.
     pub fn hash(&self, id: &str) -> String {
         self.digest(id).iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -92,6 +139,28 @@ mod tests {
         assert_eq!(peer_text(v6, false), "2001:db8:1234::/48");
         let mapped: IpAddr = "::ffff:198.51.100.9".parse().unwrap();
         assert_eq!(peer_text(mapped, false), "198.51.100.0/24");
+    }
+
+    /// One rule for a secret file's bytes: a final LF, CRLF or none, and blanks around it,
+    /// key the same hash; a byte inside the secret is the key's.
+    #[test]
+    fn a_secret_keys_the_same_whatever_its_line_ending() {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let bare = DeviceKey::new(secret).unwrap().hash("1001");
+        for content in [
+            b"0123456789abcdef0123456789abcdef\n".as_slice(),
+            b"0123456789abcdef0123456789abcdef\r\n",
+            b"0123456789abcdef0123456789abcdef\r\n\r\n",
+            b" \t0123456789abcdef0123456789abcdef \n",
+        ] {
+            assert_eq!(DeviceKey::new(content).unwrap().hash("1001"), bare);
+        }
+        let inner = DeviceKey::new(b"0123456789abcdef\r0123456789abcdef").unwrap();
+        assert_ne!(inner.hash("1001"), bare);
+        assert_eq!(
+            DeviceKey::new(b"0123456789abcde\r\n").unwrap_err(),
+            ShortSecret(15)
+        );
     }
 
     #[test]

@@ -32,8 +32,8 @@ fn subcommands() -> Vec<String> {
         .collect()
 }
 
-/// The long flags (`--listen`) and positional arguments (`<DIR>`) of `shedgate SUB --help`,
-/// `--help` and `--version` aside.
+/// The long flags (`--listen`) and positional arguments (`<DIR>`, `<ID>` for `<ID>...`) of
+/// `shedgate SUB --help`, `--help` and `--version` aside.
 fn arguments(sub: &str) -> BTreeSet<String> {
     let help = String::from_utf8(shedgate(&[sub, "--help"]).stdout).unwrap();
     let mut out = BTreeSet::new();
@@ -54,6 +54,8 @@ fn arguments(sub: &str) -> BTreeSet<String> {
         } else {
             first
         };
+        // A positional taking several values is `<ID>...`.
+        let name = name.trim_end_matches("...");
         let is_arg = name.starts_with("--") || (name.starts_with('<') && name.ends_with('>'));
         if is_arg && name != "--help" && name != "--version" {
             out.insert(name.to_owned());
@@ -73,6 +75,7 @@ fn documented(doc: &str, section: &str) -> Option<BTreeSet<String>> {
             .take_while(|l| !l.starts_with("## "))
             .filter_map(|l| l.strip_prefix("| `"))
             .filter_map(|l| l.split('`').next())
+            .map(|name| name.trim_end_matches("..."))
             .filter(|name| name.starts_with("--") || name.starts_with('<'))
             .map(str::to_owned)
             .collect(),

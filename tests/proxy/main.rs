@@ -5,6 +5,7 @@ mod admin;
 mod cases;
 mod classes;
 mod clock;
+mod device_hash;
 mod devices;
 mod docs;
 mod faults;
