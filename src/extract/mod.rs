@@ -15,6 +15,7 @@ pub mod crs;
 pub mod formats;
 pub mod headers;
 pub mod params;
+pub mod placeholder;
 mod pointer;
 pub mod time;
 mod walk;
