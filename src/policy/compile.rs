@@ -90,6 +90,11 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         err.location.line_col = span.map(|v| line_col(streams_text, v.span().start));
         err
     })?;
+    let trust = device_trust(d).map_err(|(field, span, message)| {
+        let mut err = at(streams_path, field.into(), message);
+        err.location.line_col = span.map(|start| line_col(streams_text, start));
+        err
+    })?;
     let default_stale = d.stale_after.map_or(DEFAULT_STALE_AFTER, |v| v.0);
     let mode = d.mode.unwrap_or(Mode::Enforce);
     if mode == Mode::Warn {
@@ -459,11 +464,38 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             classes,
             retry_after,
             schedules,
+            trust,
         },
         warnings,
         notes,
         region_positions,
     })
+}
+
+/// `[defaults] max_speed` and `device_placeholders` compiled; an error names the field, the
+/// offset of its value when known, and what is wrong.
+fn device_trust(
+    d: &crate::policy::file::DefaultsSection,
+) -> Result<crate::policy::DeviceTrust, (&'static str, Option<usize>, String)> {
+    let mut trust = crate::policy::DeviceTrust::default();
+    if let Some(v) = &d.max_speed {
+        let speed = *v.get_ref();
+        if !(speed.is_finite() && speed > 0.0) {
+            return Err((
+                "defaults.max_speed",
+                Some(v.span().start),
+                format!("max_speed is metres per second, finite and above 0, got {speed}"),
+            ));
+        }
+        trust.max_speed = speed;
+    }
+    trust.placeholders = d
+        .device_placeholders
+        .iter()
+        .flatten()
+        .map(|p| p.trim().to_ascii_lowercase().into_boxed_str())
+        .collect();
+    Ok(trust)
 }
 
 /// The grammar of names that become metric labels (streams and areas): 1..=64 characters of

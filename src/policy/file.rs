@@ -155,7 +155,8 @@ pub struct ParamsSection {
     /// Time key; without it, an event read from the query or a form has no readable time
     /// (never stale).
     pub time: Option<String>,
-    /// Device id key (GPSLogger's `%SER`, say); without it, such requests name no device.
+    /// Device id key (GPSLogger's `%AID`, say: its `%SER` is `unknown` from Android 8 on);
+    /// without it, such requests name no device.
     pub device: Option<String>,
 }
 
@@ -173,6 +174,13 @@ pub struct DefaultsSection {
     pub mode: Option<Mode>,
     /// Status answered to stale sheds; default 202.
     pub stale_status: Option<StaleStatus>,
+    /// The fastest a device moves, metres per second: a fix farther from its device's newest
+    /// delivered one than this allows was sent by another device; default 300. Spanned, as
+    /// `band`.
+    pub max_speed: Option<toml::Spanned<f64>>,
+    /// Device ids that name no device, besides the built-in ones
+    /// ([`crate::extract::placeholder::PLACEHOLDERS`]), compared case-insensitively.
+    pub device_placeholders: Option<Vec<String>>,
 }
 
 /// `[streams."NAME"]` in `streams.toml`.

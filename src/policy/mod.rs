@@ -373,6 +373,33 @@ pub struct Policy {
     classes: [ClassPolicy; 3],
     retry_after: RetryAfterPolicy,
     schedules: Vec<schedule::Schedule>,
+    trust: DeviceTrust,
+}
+
+/// What a device id must be for a decision to read its device's history (docs/decision.md
+/// "Devices", "What is trusted"): `[defaults] device_placeholders` and `max_speed`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceTrust {
+    /// Ids that name no device besides the built-in ones, lower case
+    /// ([`crate::extract::placeholder::is_placeholder`]).
+    pub placeholders: Vec<Box<str>>,
+    /// The fastest a device moves, metres per second (finite, positive).
+    pub max_speed: f64,
+}
+
+impl DeviceTrust {
+    /// `max_speed` when the policy sets none: 300 m/s, an airliner's cruise with room
+    /// (about 250 m/s), so no vehicle a fleet tracks is taken for two.
+    pub const DEFAULT_MAX_SPEED: f64 = 300.0;
+}
+
+impl Default for DeviceTrust {
+    fn default() -> Self {
+        DeviceTrust {
+            placeholders: Vec::new(),
+            max_speed: DeviceTrust::DEFAULT_MAX_SPEED,
+        }
+    }
 }
 
 impl Policy {
@@ -441,6 +468,11 @@ impl Policy {
     /// The global mode.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// What a device id must be to be trusted.
+    pub fn device_trust(&self) -> &DeviceTrust {
+        &self.trust
     }
 
     /// The status answered to stale sheds.

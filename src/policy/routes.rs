@@ -148,6 +148,22 @@ pub(super) fn compile_routes(
         for name in r.stream_map.iter().flat_map(|m| m.values()) {
             known(name, warnings);
         }
+        // GPSLogger's custom URL as first written (`ser=%SER`): `Build.SERIAL` is `unknown`
+        // for apps from Android 8 on, so every phone would send one id.
+        if let Some(key) = r.params.as_ref().and_then(|p| p.device.as_deref())
+            && key.eq_ignore_ascii_case("ser")
+        {
+            warnings.push(Warning {
+                file: path.to_owned(),
+                message: format!(
+                    "route {:?} reads devices from the key {key:?}: GPSLogger's %SER is \
+                     \"unknown\" on Android 8 and later, a placeholder that names no device, so \
+                     those phones are decided without a device; send %AID (the Android ID, one \
+                     per phone) as the device key instead",
+                    r.prefix
+                ),
+            });
+        }
         let format = r.format.unwrap_or_default();
         let stream_pointers = format == Format::Pointers
             && r.lat.is_none()

@@ -384,3 +384,60 @@ fn h3_cells_are_read_as_tools_print_them_and_nothing_else() {
         "{err}"
     );
 }
+
+/// `[defaults] max_speed` and `device_placeholders`: compiled, their defaults, and a bad
+/// speed named by file, line and field.
+#[test]
+fn device_trust_keys() {
+    let c = compile_str("[defaults]\n", "").unwrap();
+    let trust = c.policy.device_trust();
+    assert!((trust.max_speed - 300.0).abs() < f64::EPSILON);
+    assert!(trust.placeholders.is_empty());
+    let c = compile_str(
+        "[defaults]\nmax_speed = 70\ndevice_placeholders = [\"N/A\", \" test \"]\n",
+        "",
+    )
+    .unwrap();
+    let trust = c.policy.device_trust();
+    assert!((trust.max_speed - 70.0).abs() < f64::EPSILON);
+    assert_eq!(
+        trust.placeholders,
+        vec![Box::<str>::from("n/a"), Box::from("test")]
+    );
+    for bad in ["0", "-5", "nan", "inf"] {
+        let e = compile_str(&format!("[defaults]\nmax_speed = {bad}\n"), "").unwrap_err();
+        assert_eq!(
+            e.location.field.as_deref(),
+            Some("defaults.max_speed"),
+            "{e}"
+        );
+        assert_eq!(e.location.line_col, Some((2, 13)), "{e}");
+        assert!(e.to_string().contains("metres per second"), "{e}");
+    }
+    let e = compile_str("[defaults]\ndevice_placeholders = \"unknown\"\n", "").unwrap_err();
+    assert!(e.to_string().contains("device_placeholders"), "{e}");
+}
+
+/// GPSLogger's `%SER` is `unknown` on Android 8 and later: a route reading the device from
+/// `ser` is warned about, with the key to use instead.
+#[test]
+fn a_route_keyed_on_gpsloggers_ser_is_warned_about() {
+    let route = |key: &str| {
+        format!(
+            "[streams.v]\nsupersession = \"self-superseding\"\n[[routes]]\nprefix = \"/g\"\n\
+             stream = \"v\"\nparams = {{ lat = \"lat\", lon = \"lon\", device = \"{key}\" }}\n"
+        )
+    };
+    let c = compile_str(&route("ser"), "").unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.message.contains("%SER") && w.message.contains("%AID")),
+        "{:?}",
+        c.warnings
+    );
+    let c = compile_str(&route("SER"), "").unwrap();
+    assert!(c.warnings.iter().any(|w| w.message.contains("%SER")));
+    let c = compile_str(&route("aid"), "").unwrap();
+    assert!(!c.warnings.iter().any(|w| w.message.contains("%SER")));
+}
