@@ -88,6 +88,7 @@ fn main() {
                 since_admitted_ms: Some(i64::from(rng.u32(0..60_000))),
                 interval_ms: Some(5_000),
                 newest_delivered: Some(UnixMillis(at.0 - 60_000)),
+                newest_position: None,
             };
             let (draw, load) = (rng.f64(), Load::IDLE);
             let decision = decide(
@@ -214,6 +215,7 @@ fn main() {
                     history: Some(history),
                 }),
                 device: Some("veh-0042".into()),
+                device_untrusted: None,
                 request_bytes: Some(312),
             },
             status: 503,

@@ -1,9 +1,9 @@
 //! The device table: what this replica remembers of each device, the history its decisions
 //! read (docs/decision.md "Devices"; [`crate::admission::DeviceHistory`]).
 //!
-//! Bounded and safe: room for `--max-devices` devices at 32 bytes each (a 24-byte entry, a
+//! Bounded and safe: room for `--max-devices` devices at 43 bytes each (a 32-byte entry, a
 //! quarter of the room kept free so that two-choice sets rarely overflow: 1 million devices in
-//! 32 MiB), starting small and growing on demand, so an idle proxy's memory does not move; keyed by the
+//! 43 MiB), starting small and growing on demand, so an idle proxy's memory does not move; keyed by the
 //! per-process keyed hash of the device's id ([`crate::extract::DeviceId`]), so ids a client
 //! chooses cannot collide on purpose; when full, the device silent longest in its set is
 //! evicted (counted). Each replica keeps its own: a balancer that hashes by device sends one
@@ -18,6 +18,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::admission::trust::PackedPoint;
 use crate::admission::{Decision, DeviceHistory, Verdict};
 use crate::clock::UnixMillis;
 use crate::extract::DeviceId;
@@ -28,14 +29,15 @@ const SHARDS: usize = 64;
 const WAYS: usize = 8;
 /// Bytes of one device's entry.
 pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
-/// Bytes the table takes per device of `--max-devices`: its entry and a third more of room.
-pub const BYTES_PER_DEVICE: usize = ENTRY_BYTES * 4 / 3;
-/// The default `--max-devices`: 1 million devices, 32 MiB at most.
+/// Bytes the table takes per device of `--max-devices`: its entry and a third more of room,
+/// rounded up.
+pub const BYTES_PER_DEVICE: usize = (ENTRY_BYTES * 4).div_ceil(3);
+/// The default `--max-devices`: 1 million devices, 43 MiB at most.
 pub const DEFAULT_MAX_DEVICES: usize = 1 << 20;
 /// Smoothing step of a device's report interval (a quarter of each new gap).
 const INTERVAL_STEP: f64 = 0.25;
 
-/// One device: 24 bytes. Times are deciseconds since the table's epoch, plus one (0: never),
+/// One device: 32 bytes. Times are deciseconds since the table's epoch, plus one (0: never),
 /// so a `u32` spans 13 years.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[repr(C)]
@@ -54,9 +56,12 @@ struct Entry {
     interval: u16,
     /// Its credit ([`DeviceHistory::credit`]), in 65,536ths.
     credit: u16,
+    /// Where its newest delivered fix was ([`PackedPoint`]; a latitude of `i32::MIN`: not
+    /// known), for the plausibility of its next fix ([`crate::admission::trust::judge`]).
+    position: [i32; 2],
 }
 
-const _: () = assert!(ENTRY_BYTES == 24);
+const _: () = assert!(ENTRY_BYTES == 32);
 
 #[derive(Debug)]
 struct Shard {
@@ -189,6 +194,7 @@ impl Entry {
         Entry {
             key,
             newest_delivered: i32::MIN,
+            position: [i32::MIN, 0],
             ..Entry::default()
         }
     }
@@ -294,6 +300,10 @@ impl DeviceTable {
             since_admitted_ms: (e.last_admitted != 0).then(|| self.ms_since(e.last_admitted, now)),
             interval_ms: (e.interval != 0).then(|| i64::from(e.interval) * 100),
             newest_delivered: self.delivered_at(e),
+            newest_position: (e.position[0] != i32::MIN).then_some(PackedPoint {
+                lat: e.position[0],
+                lon: e.position[1],
+            }),
         }
     }
 
@@ -374,10 +384,17 @@ impl DeviceTable {
         }
     }
 
-    /// The upstream answered 2xx to a fix of the device whose (newest) event time is `at`:
-    /// its newest delivered time, unless `at` is ahead of `now` (the proxy's clock, corrected
-    /// by the upstream's): one bad device clock must not supersede the real fixes after it.
-    pub fn delivered(&self, id: DeviceId, at: UnixMillis, now: UnixMillis) {
+    /// The upstream answered 2xx to a fix of the device whose (newest) event time is `at`, at
+    /// `position` (`None`: it had none): its newest delivered time and position, unless `at`
+    /// is ahead of `now` (the proxy's clock, corrected by the upstream's): one bad device
+    /// clock must not supersede the real fixes after it. An older delivery leaves both.
+    pub fn delivered(
+        &self,
+        id: DeviceId,
+        at: UnixMillis,
+        position: Option<PackedPoint>,
+        now: UnixMillis,
+    ) {
         if at > now {
             return;
         }
@@ -388,7 +405,10 @@ impl DeviceTable {
         let before = shard.len;
         let tick = self.tick(now);
         let e = shard.entry(key, self.max_sets);
-        e.newest_delivered = e.newest_delivered.max(seconds);
+        if seconds >= e.newest_delivered {
+            e.newest_delivered = seconds;
+            e.position = position.map_or([i32::MIN, 0], |p| [p.lat, p.lon]);
+        }
         if e.last_seen == 0 {
             e.last_seen = tick;
         }
@@ -486,10 +506,10 @@ mod tests {
         assert_eq!(h.since_admitted_ms, Some(1_000));
         assert!((h.credit - 0.5).abs() < 1e-6);
         assert_eq!(h.newest_delivered, None);
-        t.delivered(id, UnixMillis(10_500), UnixMillis(12_000));
+        t.delivered(id, UnixMillis(10_500), None, UnixMillis(12_000));
         // Ahead of the clock: never the newest.
-        t.delivered(id, UnixMillis(99_000), UnixMillis(12_000));
-        t.delivered(id, UnixMillis(9_000), UnixMillis(12_000));
+        t.delivered(id, UnixMillis(99_000), None, UnixMillis(12_000));
+        t.delivered(id, UnixMillis(9_000), None, UnixMillis(12_000));
         let h = t.history(id, UnixMillis(12_000)).unwrap();
         // Whole seconds, rounded down: a retry within that second is not older.
         assert_eq!(h.newest_delivered, Some(UnixMillis(10_000)));
@@ -497,6 +517,7 @@ mod tests {
         t.delivered(
             DeviceId::of("/r", "old"),
             UnixMillis(-5_500),
+            None,
             UnixMillis(12_000),
         );
         let old = t
@@ -546,6 +567,37 @@ mod tests {
         }
         assert_eq!(full.evictions(), 0);
         assert!(full.max_bytes() <= 60_000 * BYTES_PER_DEVICE + SHARDS * WAYS * ENTRY_BYTES);
+    }
+
+    /// The newest delivered fix's position is kept beside its time, for the plausibility of
+    /// the next fix; an older delivery changes neither, a newer one without a position
+    /// clears it.
+    #[test]
+    fn the_newest_delivered_position_is_kept_with_its_time() {
+        use crate::extract::Coordinates;
+        let t = DeviceTable::new(1000, UnixMillis(0));
+        let id = DeviceId::of("/r", "dev-1");
+        let point = |lat, lon| PackedPoint::of(Coordinates::new(lat, lon));
+        let now = UnixMillis(100_000);
+        t.delivered(id, UnixMillis(50_000), point(52.52, 13.405), now);
+        let h = t.history(id, now).unwrap();
+        assert_eq!(h.newest_position, point(52.52, 13.405));
+        t.delivered(id, UnixMillis(40_000), point(48.1372, 11.5756), now);
+        assert_eq!(
+            t.history(id, now).unwrap().newest_position,
+            point(52.52, 13.405),
+            "older"
+        );
+        t.delivered(id, UnixMillis(60_000), point(-33.8688, 151.2093), now);
+        let h = t.history(id, now).unwrap();
+        assert_eq!(h.newest_position, point(-33.8688, 151.2093));
+        assert_eq!(h.newest_delivered, Some(UnixMillis(60_000)));
+        t.delivered(id, UnixMillis(70_000), None, now);
+        assert_eq!(t.history(id, now).unwrap().newest_position, None);
+        // A device only decided, never delivered, has none.
+        let other = DeviceId::of("/r", "dev-2");
+        t.record(other, now, &decision(true, 0.5));
+        assert_eq!(t.history(other, now).unwrap().newest_position, None);
     }
 
     #[test]

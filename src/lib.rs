@@ -32,14 +32,16 @@
 //!   not seen its upstream calm), or the upstream's own load report (`pressure::report`); no
 //!   concurrency number is an input.
 //! - [`extract`]: reading facts from bodies — JSON pointers, the walk, format presets, event
-//!   times. Knows nothing of policies.
+//!   times, device ids that name no device (`extract::placeholder`). Knows nothing of
+//!   policies.
 //! - [`policy`]: the policy model (streams, classes, routes, areas, the shed curve with
 //!   [`policy::Rank`]), the files' schema, and compilation into an immutable
 //!   [`policy::Policy`] with errors that name file, line and field.
 //! - [`admission`]: the pure decision — stream class, staleness, area rank, the shed curve,
-//!   budgets. Takes `now`, pressure and the random draw as arguments.
+//!   budgets — and whether a fix may be decided on its device's history
+//!   (`admission::trust`). Takes `now`, pressure and the random draw as arguments.
 //! - [`devices`]: the device table, what this replica remembers of each device (its credit,
-//!   report interval, last admitted and newest delivered fix): the history
+//!   report interval, last admitted and newest delivered fix and where it was): the history
 //!   [`admission::DeviceHistory`] its decisions read.
 //! - [`stats`] and [`metrics`]: the operational summary behind `/stats`, and metric names as
 //!   constants with descriptions and pre-registered handles.

@@ -337,6 +337,7 @@ fn device_history(
         newest_delivered: args
             .newest_delivered
             .map(|d| UnixMillis(now.0.saturating_sub(ms(d.0)))),
+        newest_position: None,
     }))
 }
 

@@ -10,6 +10,7 @@ use http::header::CONTENT_TYPE;
 use super::summarise;
 use crate::extract::formats::media_type;
 use crate::extract::headers::{Stated, read_one};
+use crate::extract::placeholder::is_placeholder;
 use crate::extract::time::parse_time_text;
 use crate::extract::{Coordinates, DeviceId, DeviceText, EventFacts, EventTime, Extractor, Facts};
 use crate::policy::{Policy, StreamId};
@@ -58,15 +59,29 @@ pub fn assess(
     (stream, facts)
 }
 
+/// The device id a request states, as [`assess_with_device`] judged it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamedDevice {
+    /// No id (none stated, several, or no route or stream to key one in).
+    None,
+    /// One id: its text as stated (for the access log's keyed hash); [`Facts::device`] is
+    /// its key.
+    Id(String),
+    /// A placeholder that names no device (`unknown`, `null`, one the policy lists:
+    /// [`crate::extract::placeholder::is_placeholder`]): [`Facts::device`] is `None`, so the
+    /// request is decided as one naming no device.
+    Placeholder,
+}
+
 /// As [`assess`], with the device id as the request states it (the text [`Facts::device`]
-/// is keyed from), for the access log's keyed hash of it.
+/// is keyed from), for the access log's keyed hash of it, or that it was a placeholder.
 pub fn assess_with_device(
     policy: &Policy,
     reading: Reading,
     headers: &HeaderMap,
     query: Option<&str>,
     body: &[u8],
-) -> (Option<StreamId>, Facts, Option<String>) {
+) -> (Option<StreamId>, Facts, NamedDevice) {
     let stream = reading.known.flatten();
     // Read once for both uses below. An ambiguous `Content-Type` reads as none; it never
     // reaches the stream's read mode (the stream is unknown then).
@@ -100,7 +115,7 @@ pub fn assess_with_device(
             ambiguous: true,
             device: None,
         };
-        return (reading.known.flatten(), facts, None);
+        return (reading.known.flatten(), facts, NamedDevice::None);
     }
     // CloudEvents binary mode: the time is an attribute header, not in the data.
     if let Some(h) = time_header {
@@ -163,7 +178,7 @@ pub fn assess_with_device(
             ambiguous: false,
             device: None,
         };
-        return (stream, no_facts, None);
+        return (stream, no_facts, NamedDevice::None);
     }
     let (stream, mut facts) = summarise(policy, body_facts.body, &body_facts.events, stream_of);
     let (device, ambiguous) = device_of(&body_facts.events, headers, device_headers);
@@ -174,11 +189,17 @@ pub fn assess_with_device(
         (None, Some(id)) => Some(policy.stream_policy(id).name.as_str()),
         (None, None) => None,
     };
-    facts.device = scope
-        .zip(device.as_deref())
-        .map(|(scope, id)| DeviceId::of(scope, id));
-    let text = device.filter(|_| facts.device.is_some());
-    (stream, facts, text)
+    let named = match scope.zip(device) {
+        None => NamedDevice::None,
+        Some((_, id)) if is_placeholder(&id, &policy.device_trust().placeholders) => {
+            NamedDevice::Placeholder
+        }
+        Some((scope, id)) => {
+            facts.device = Some(DeviceId::of(scope, &id));
+            NamedDevice::Id(id)
+        }
+    };
+    (stream, facts, named)
 }
 
 /// The one device a request's events name (docs/decision.md "Devices"): every event's id

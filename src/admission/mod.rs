@@ -2,10 +2,12 @@
 //! pressure and a random draw (docs/decision.md "Decision rule").
 
 mod assess;
+pub mod trust;
 
 use serde::Serialize;
 
-pub use assess::{Reading, assess, assess_with_device};
+pub use assess::{NamedDevice, Reading, assess, assess_with_device};
+pub use trust::Untrusted;
 
 use crate::clock::UnixMillis;
 use crate::extract::{BodyState, Coordinates, EventFacts, EventTime, Facts};
@@ -231,6 +233,11 @@ pub struct DeviceHistory {
     /// The event time of its newest fix the upstream answered 2xx (never one ahead of the
     /// proxy's clock).
     pub newest_delivered: Option<UnixMillis>,
+    /// Where that fix was, when it had a position: what [`trust::judge`] compares a fix
+    /// with. Never shown (an explanation goes to the sender, who may not be that device)
+    /// nor logged.
+    #[serde(skip)]
+    pub newest_position: Option<trust::PackedPoint>,
 }
 
 impl DeviceHistory {
@@ -242,6 +249,7 @@ impl DeviceHistory {
             since_admitted_ms: None,
             interval_ms: None,
             newest_delivered: None,
+            newest_position: None,
         }
     }
 }

@@ -69,11 +69,16 @@ pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
 pub const DEVICE_GAP: &str = "shedgate_device_gap_seconds";
 /// Devices the replica's device table remembers now.
 pub const DEVICES: &str = "shedgate_devices";
-/// Bytes the device table takes now (24 a device, grown in steps; room for `--max-devices` at
-/// most, 32 bytes a device).
+/// Bytes the device table takes now (32 a device, grown in steps; room for `--max-devices` at
+/// most, 43 bytes a device).
 pub const DEVICE_TABLE_BYTES: &str = "shedgate_device_table_bytes";
 /// Devices forgotten because the table was full (the longest-silent of a set).
 pub const DEVICE_EVICTIONS: &str = "shedgate_device_evictions_total";
+/// Sheddable requests whose device id was not trusted, so decided as naming no device, by
+/// `stream` and `reason` (`placeholder`: an id that names no device; `implausible`: farther
+/// from the device's newest delivered fix than it could have moved): docs/decision.md
+/// "Devices".
+pub const DEVICE_UNTRUSTED: &str = "shedgate_device_untrusted_total";
 /// Client connections that spoke another protocol than HTTP/1.x, closed, by `reason`
 /// (`http2_preface`: answered `GOAWAY` `HTTP_1_1_REQUIRED`; `tls_client_hello`): a peer is
 /// told this port speaks h2c or HTTPS.
@@ -229,12 +234,17 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         DEVICE_TABLE_BYTES,
         "gauge",
-        "Bytes the device table takes now (24 a device, grown in steps; at most 32 a device of --max-devices).",
+        "Bytes the device table takes now (32 a device, grown in steps; at most 43 a device of --max-devices).",
     ),
     (
         DEVICE_EVICTIONS,
         "counter",
         "Devices forgotten because the device table was full (the longest-silent of a set).",
+    ),
+    (
+        DEVICE_UNTRUSTED,
+        "counter",
+        "Sheddable requests decided as naming no device because their device id was not trusted, by stream and reason (placeholder: an id such as unknown that names no device; implausible: farther from the device's newest delivered fix than it could have moved).",
     ),
     (
         PROTOCOL_MISMATCHES,

@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 use metrics::{Counter, Histogram, Label};
 
 use super::{
-    ADMITTED, DEVICE_GAP, EVENT_AGE, EVENT_LEAD, Fact, Metrics, NO_ROUTE, OPAQUE, Outcome,
-    REQUESTS, SHED, UNREADABLE, WOULD_SHED,
+    ADMITTED, DEVICE_GAP, DEVICE_UNTRUSTED, EVENT_AGE, EVENT_LEAD, Fact, Metrics, NO_ROUTE, OPAQUE,
+    Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
 };
-use crate::admission::{ShedReason, Verdict};
+use crate::admission::{ShedReason, Untrusted, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
 
 /// The label values a policy gives series: its stream names, area names and route prefixes
@@ -69,6 +69,8 @@ pub struct PolicyMetrics {
     gaps: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 5]>,
+    /// `[slot][reason]`.
+    untrusted: Vec<[OnceLock<Counter>; 2]>,
     /// `[slot]`: the `/stats` counts of each stream.
     counts: Vec<Arc<crate::stats::Counts>>,
 }
@@ -109,6 +111,7 @@ impl PolicyMetrics {
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
                 .collect(),
+            untrusted: (0..slots).map(|_| Default::default()).collect(),
             sheds,
             stream_names,
             area_names,
@@ -199,6 +202,22 @@ impl PolicyMetrics {
                         Label::new("stream", self.stream_names[slot].clone()),
                         Label::new("route", self.route_names[r].clone()),
                         Label::new("fact", fact.as_str()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts a sheddable request of `stream` whose device id was not trusted.
+    pub fn device_untrusted(&self, stream: Option<StreamId>, why: Untrusted) {
+        let slot = self.slot(stream);
+        self.untrusted[slot][why.index()]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    DEVICE_UNTRUSTED,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("reason", why.as_str()),
                     ],
                 )
             })

@@ -43,8 +43,8 @@ where
 }
 
 /// Forwards an admitted request, counting it in flight until its response body ends. A fix of
-/// a device (`delivery`: the device and its event's time) the upstream answers 2xx is that
-/// device's newest delivered, if newer.
+/// a device (`delivery`: the device, its event's time and its position) the upstream answers
+/// 2xx is that device's newest delivered, if newer.
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
     inner: S,
@@ -52,7 +52,11 @@ pub(super) async fn forward<S>(
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
     reserved: Option<ClassGuard>,
-    delivery: Option<(crate::extract::DeviceId, crate::clock::UnixMillis)>,
+    delivery: Option<(
+        crate::extract::DeviceId,
+        crate::clock::UnixMillis,
+        Option<crate::admission::trust::PackedPoint>,
+    )>,
 ) -> Response<Body>
 where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
@@ -120,7 +124,7 @@ where
         Ok(r) => r,
         Err(never) => match never {},
     };
-    if let Some((device, at)) = delivery
+    if let Some((device, at, position)) = delivery
         && response.status().is_success()
         && matches!(
             response.extensions().get::<UpstreamOutcome>(),
@@ -128,7 +132,7 @@ where
         )
     {
         let now = shared.skew.correct(shared.sources().now());
-        shared.devices.delivered(device, at, now);
+        shared.devices.delivered(device, at, position, now);
     }
     let mut response = response;
     let outcome = match response.extensions().get::<UpstreamOutcome>() {

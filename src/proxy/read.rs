@@ -18,8 +18,10 @@ use super::forward::shed_outside_decide;
 use super::forward::{forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation};
 use crate::BoxError;
+use crate::admission::trust::{PackedPoint, judge};
 use crate::admission::{
-    DeviceHistory, Reading, ShedReason, Verdict, assess_with_device, decide, schedule_floor,
+    DeviceHistory, NamedDevice, Reading, ShedReason, Untrusted, Verdict, assess_with_device,
+    decide, schedule_floor,
 };
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::extract::coding::{DecodeError, decoded};
@@ -118,7 +120,7 @@ where
         }
     };
     let policy = &snapshot.policy;
-    let (stream, facts, device_text) = assess_with_device(
+    let (stream, facts, named) = assess_with_device(
         policy,
         read_as,
         &parts.headers,
@@ -163,8 +165,12 @@ where
     };
     // The device the request names, for a sheddable stream: its history is the decision's
     // input (a device the table does not remember starts from a draw of its own), and the
-    // decision goes back into the table, under one lock of its shard.
-    let device = facts.device.filter(|_| sheddable);
+    // decision goes back into the table, under one lock of its shard. A fix the device could
+    // not have made is decided as naming none, and leaves the table as it was
+    // (docs/decision.md "Devices", "What is trusted").
+    let mut device = facts.device.filter(|_| sheddable);
+    let mut untrusted =
+        (sheddable && named == NamedDevice::Placeholder).then_some(Untrusted::Placeholder);
     let (draw, load) = (shared.sources().draw(), shared.load());
     let mut given: Option<DeviceHistory> = None;
     let mut decide_with = |history: Option<DeviceHistory>| {
@@ -175,9 +181,15 @@ where
         None => decide_with(None),
         Some(id) => {
             let (decision, gap) = shared.devices.decide_with(id, local_now, |history| {
-                decide_with(Some(
-                    history.unwrap_or_else(|| DeviceHistory::new(shared.sources().draw())),
-                ))
+                let history =
+                    history.unwrap_or_else(|| DeviceHistory::new(shared.sources().draw()));
+                match judge(policy, &facts, now, history) {
+                    Ok(history) => decide_with(Some(history)),
+                    Err(why) => {
+                        untrusted = Some(why);
+                        decide_with(None)
+                    }
+                }
             });
             if let Some(gap) = gap {
                 m.device_gap(decision.area, gap);
@@ -185,6 +197,13 @@ where
             decision
         }
     };
+    if let Some(why) = untrusted {
+        m.device_untrusted(stream, why);
+        if why == Untrusted::Implausible {
+            // Its delivery is not the device's either.
+            device = None;
+        }
+    }
     decision.schedule = schedule;
     shared.preview(
         &snapshot,
@@ -219,9 +238,11 @@ where
             buffered: shared.buffers.used(),
             history: given,
         }),
-        device: device_text
-            .filter(|_| sheddable)
-            .map(String::into_boxed_str),
+        device: match named {
+            NamedDevice::Id(text) if sheddable => Some(text.into_boxed_str()),
+            _ => None,
+        },
+        device_untrusted: untrusted,
         request_bytes: Some(bytes.len() as u64),
     });
     m.shed(stream, decision.area, decision.verdict);
@@ -300,10 +321,12 @@ where
                 }
             }
             // A device's fix the upstream takes is its newest delivered, if newer.
-            let delivery = device.zip(match facts.time {
-                crate::extract::EventTime::At(at) => Some(at),
-                _ => None,
-            });
+            let delivery = device
+                .zip(match facts.time {
+                    crate::extract::EventTime::At(at) => Some(at),
+                    _ => None,
+                })
+                .map(|(id, at)| (id, at, PackedPoint::of(facts.coordinates)));
             let mut parts = parts;
             if let Some(note) = note {
                 parts.extensions.insert(note);

@@ -138,6 +138,10 @@ impl Formatter {
             hex(out, &key_.digest(text));
             out.push(b'"');
         }
+        if let Some(why) = note.device_untrusted {
+            key(out, "device_untrusted");
+            plain(out, why.as_str());
+        }
         if let Some(latency) = entry.upstream {
             key(out, "upstream_status");
             number(out, entry.status);

@@ -39,6 +39,9 @@ pub struct Note {
     pub decided: Option<Decided>,
     /// The device id as the request states it, for the keyed hash (never written as is).
     pub device: Option<Box<str>>,
+    /// Why the request's device id was not trusted, when it was not: it was decided as
+    /// naming no device (`Decided::history` is `None`).
+    pub device_untrusted: Option<crate::admission::Untrusted>,
     /// Request body bytes: read, or declared by `Content-Length` for a body streamed through.
     pub request_bytes: Option<u64>,
 }
@@ -131,6 +134,8 @@ impl From<HistoryLine> for DeviceHistory {
             since_admitted_ms: h.since_admitted_ms,
             interval_ms: h.interval_ms,
             newest_delivered: h.newest_delivered_ms.map(UnixMillis),
+            // Never logged: a decision given a history was judged on it already.
+            newest_position: None,
         }
     }
 }
@@ -260,6 +265,10 @@ pub struct Line<'a> {
     /// without a secret.
     #[serde(borrow, default)]
     pub device: Option<Cow<'a, str>>,
+    /// Why the device id was not trusted (`placeholder`, `implausible`): decided as naming
+    /// no device, so without a `device_history`.
+    #[serde(borrow, default)]
+    pub device_untrusted: Option<Cow<'a, str>>,
     /// The device's history the decision was given.
     #[serde(default)]
     pub device_history: Option<HistoryLine>,

@@ -298,6 +298,105 @@ async fn two_devices_in_one_request_or_a_shared_label_name_no_device() {
     assert_eq!(w.device("/nope", "same").await.status, 400);
 }
 
+/// The run: two phones whose sender can only say `unknown` (GPSLogger's `%SER` on
+/// Android 8 and later). Before, they were one device: at 0.7 the second phone's fix, 5 s
+/// older than the first's, was answered 202 superseded and lost for good. A placeholder
+/// names no device: each fix is decided on its own (Berlin, rank 5, is kept at 0.7), nothing
+/// is remembered under it, and each is counted.
+#[tokio::test]
+async fn phones_sharing_a_placeholder_id_never_supersede_each_other() {
+    let w = world().await;
+    let charlottenburg = (52.50, 13.30);
+    pin(&w.proxy, 0.0).await;
+    assert_eq!(
+        w.osmand_at("unknown", 0, BERLIN).await.status,
+        StatusCode::OK
+    );
+    pin(&w.proxy, 0.7).await;
+    w.advance(10_000);
+    let forwarded = w.upstream.count();
+    // Phone A's fresh fix, then phone B's, stamped 5 s earlier (a slower upload).
+    for (id, ago, at) in [
+        ("unknown", 0, BERLIN),
+        ("unknown", 5_000, charlottenburg),
+        ("UNKNOWN", 6_000, charlottenburg),
+        ("null", 7_000, charlottenburg),
+        ("000000000000000", 8_000, charlottenburg),
+        ("0123456789ABCDEF", 9_000, charlottenburg),
+    ] {
+        let a = w.osmand_at(id, ago, at).await;
+        assert_eq!(a.status, StatusCode::OK, "{id}: {:?}", a.body);
+        assert_eq!(a.header("x-shed-reason"), None, "{id}");
+    }
+    assert_eq!(w.upstream.count(), forwarded + 6, "every fix delivered");
+    for id in ["unknown", "null", "000000000000000"] {
+        assert_eq!(w.device("/ingest/osmand", id).await.status, 404, "{id}");
+    }
+    // A real id beside them is still a device, and its retry still superseded.
+    assert_eq!(
+        w.osmand_at("a1b2c3", 0, BERLIN).await.status,
+        StatusCode::OK
+    );
+    let a = w.osmand_at("a1b2c3", 5_000, BERLIN).await;
+    assert_eq!(a.header("x-shed-reason"), Some("superseded"));
+    let m = scrape(&w.proxy).await;
+    let untrusted = |reason| {
+        metric(
+            &m,
+            "shedgate_device_untrusted_total",
+            &[("stream", "osmand.position"), ("reason", reason)],
+        )
+    };
+    assert_eq!(untrusted("placeholder"), 7.0);
+    assert_eq!(untrusted("implausible"), 0.0);
+    assert_eq!(
+        metric(&m, "shedgate_shed_total", &[("reason", "superseded")]),
+        1.0
+    );
+}
+
+/// Two senders on one real id (a copied configuration): a fix 500 km from the id's newest
+/// delivered fix 10 s later cannot be the same device's (300 m/s × 10 s + 1 km is 4 km).
+/// Before, the older of the two was answered 202 superseded; now it is decided as naming no
+/// device, and neither reads nor writes the id's history. A fix the device could have made
+/// is still superseded.
+#[tokio::test]
+async fn a_fix_its_device_could_not_have_made_is_decided_without_its_history() {
+    let w = world().await;
+    pin(&w.proxy, 0.0).await;
+    // Munich, now: delivered, the id's newest.
+    assert_eq!(w.osmand_at("car-9", 0, MUNICH).await.status, StatusCode::OK);
+    let before = w.device("/ingest/osmand", "car-9").await.json()["device"].clone();
+    assert!(before["newest_delivered_unix_ms"].is_i64(), "{before}");
+    pin(&w.proxy, 0.7).await;
+    let forwarded = w.upstream.count();
+    // Berlin (rank 5, kept at 0.7), stamped 10 s earlier: another sender.
+    let a = w.osmand_at("car-9", 10_000, BERLIN).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    assert_eq!(a.header("x-shed-reason"), None);
+    assert_eq!(w.upstream.count(), forwarded + 1);
+    // The history is as it was: no admission, no delivery, no newer position recorded.
+    let after = w.device("/ingest/osmand", "car-9").await.json()["device"].clone();
+    assert_eq!(
+        after["newest_delivered_unix_ms"], before["newest_delivered_unix_ms"],
+        "{after}"
+    );
+    assert_eq!(after["credit"], before["credit"], "{after}");
+    // Near Munich, 10 s older: the same device's retry, superseded as before.
+    let a = w.osmand_at("car-9", 10_000, (48.14, 11.58)).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    assert_eq!(a.header("x-shed-reason"), Some("superseded"));
+    let m = scrape(&w.proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "shedgate_device_untrusted_total",
+            &[("stream", "osmand.position"), ("reason", "implausible")],
+        ),
+        1.0
+    );
+}
+
 /// The simulator's fleet (10,000 devices every 5 s, real geography, one replica, seed 1):
 /// deciding by device keeps every band's shed share within 2 points of deciding by draw, the
 /// upstream as full and the tail as short, every never-shed event delivered, and halves the

@@ -403,9 +403,15 @@ pub async fn run_scenario_phased(
                     let fresh_credit = rng.f64();
                     table
                         .decide_with(id, now_wall, |h| {
-                            decide_with(Some(h.unwrap_or_else(|| {
+                            let h = h.unwrap_or_else(|| {
                                 crate::admission::DeviceHistory::new(fresh_credit)
-                            })))
+                            });
+                            // As the proxy: a fix its device could not have made is decided
+                            // as naming none.
+                            match crate::admission::trust::judge(policy, &facts, now_wall, h) {
+                                Ok(h) => decide_with(Some(h)),
+                                Err(_) => decide_with(None),
+                            }
                         })
                         .0
                 }
@@ -454,7 +460,15 @@ pub async fn run_scenario_phased(
                         let latency = done - began;
                         gauge.record_latency(slot, latency);
                         if let Some(id) = device {
-                            table.delivered(id, facts_time, now_wall);
+                            table.delivered(
+                                id,
+                                facts_time,
+                                crate::admission::trust::PackedPoint::of(Coordinates::Valid {
+                                    lat: event.lat,
+                                    lon: event.lon,
+                                }),
+                                now_wall,
+                            );
                         }
                         if load_reports {
                             gauge.record_load_report(sim.utilisation());

@@ -23,7 +23,7 @@ use serde::Serialize;
 use super::line::{Line, parse_body, parse_time};
 use super::tally::{Key, Side, Tally};
 use crate::admission::{
-    Decision, DeviceHistory, Load, Rule, ShedReason, Verdict, decide, schedule_floor,
+    Decision, DeviceHistory, Load, Rule, ShedReason, Untrusted, Verdict, decide, schedule_floor,
 };
 use crate::clock::UnixMillis;
 use crate::extract::{Coordinates, EventTime, Facts};
@@ -262,6 +262,19 @@ impl Inputs {
             .or(line.pressure)
             .ok_or("a decision without its pressure")?;
         let load = line.load.ok_or("a decision without its load")?;
+        // An untrusted id was decided as naming no device: its judgement is the line's (the
+        // id itself and the exact point are never written), and it had no history.
+        if let Some(why) = line.device_untrusted.as_deref() {
+            if Untrusted::parse(why).is_none() {
+                return Err(format!("device_untrusted {why:?} is not a reason"));
+            }
+            if line.device_history.is_some() {
+                return Err(format!(
+                    "device_untrusted {why:?} with a device_history: an untrusted id is decided \
+                     without one"
+                ));
+            }
+        }
         Ok(Inputs {
             facts: Facts {
                 body,
