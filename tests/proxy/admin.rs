@@ -94,9 +94,11 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
             shedgate::metrics::DISABLED_UNTIL,
             shedgate::metrics::OPAQUE,
             shedgate::metrics::SCHEDULE_ACTIVE,
-            // A time in the future (`held.rs`), a device's second admitted fix (`devices.rs`).
+            // A time in the future (`held.rs`), a device's second admitted fix, an untrusted
+            // device id (`devices.rs`).
             shedgate::metrics::EVENT_LEAD,
             shedgate::metrics::DEVICE_GAP,
+            shedgate::metrics::DEVICE_UNTRUSTED,
             // A policy preview running (`preview.rs`).
             shedgate::metrics::PREVIEW_DECISIONS,
         ]

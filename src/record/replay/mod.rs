@@ -351,3 +351,44 @@ fn verdict_text(v: Verdict) -> String {
         Verdict::WouldShed(r) => format!("would-shed ({})", r.as_str()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `device_untrusted` is the line's judgement: a reason replay knows, never beside a
+    /// device history (an untrusted id is decided without one).
+    #[test]
+    fn an_untrusted_device_is_read_from_the_line() {
+        let files = crate::policy::PolicyFiles::from_texts(
+            "[streams.a]\nsupersession = \"self-superseding\"\n",
+            None,
+        );
+        let policy = crate::policy::compile(&files).unwrap().policy;
+        let line = |extra: &str| {
+            format!(
+                r#"{{"time":"2026-12-04T17:02:03.123Z","id":"0000000000000001","replica":"r","method":"POST","class":"critical","status":200,"outcome":"forwarded","rule":"unknown-stream","policy":"{}","sample":1,"body":"json","points":"missing","event_time":"missing","rank":50,"pressure":0,"probability":0,"draw":0.5,"load":{{"class_inflight":[0,0,0],"total":0,"capacity":100}}{extra}}}"#,
+                policy.version()
+            )
+        };
+        let mut replay = Replay::new(&policy);
+        replay
+            .line(1, &line(r#","device_untrusted":"placeholder""#))
+            .unwrap();
+        replay
+            .line(2, &line(r#","device_untrusted":"implausible""#))
+            .unwrap();
+        assert_eq!(replay.stats.reproduced, 2, "{:?}", replay.mismatches);
+        let e = replay
+            .line(3, &line(r#","device_untrusted":"shared""#))
+            .unwrap_err();
+        assert!(e.why.contains("not a reason"), "{e}");
+        let e = replay
+            .line(
+                4,
+                &line(r#","device_untrusted":"implausible","device_history":{"credit":0.5}"#),
+            )
+            .unwrap_err();
+        assert!(e.why.contains("without one"), "{e}");
+    }
+}
