@@ -239,7 +239,15 @@ pub async fn start_with(
         devices: Arc::clone(&parts.devices),
         records: parts.records.clone(),
         max_devices: config.max_devices,
+        access: config.admin_access.clone(),
     });
+    if !admin_addr.ip().to_canonical().is_loopback() && !config.admin_access.has_token() {
+        tracing::info!(
+            %admin_addr,
+            "admin listener beyond loopback without --admin-token-file: state-changing \
+             requests are answered only from loopback (kubectl port-forward)"
+        );
+    }
     tasks.push(tokio::spawn(serve::serve(
         admin_listener,
         router,

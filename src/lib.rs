@@ -58,7 +58,8 @@
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the
 //!   service, read, budget, forward), holding in-flight accounting until the body ends.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/reload`,
-//!   `/pressure`, `/stats`).
+//!   `/pressure`, `/stats`), behind its guard (`admin::guard`: only requests addressed to it;
+//!   state changes never from a browser, and from beyond loopback only with its token).
 //! - [`config`]: process settings (flags and a TOML file), validated into [`config::Config`].
 //! - [`app`]: builds the whole stack in one function and runs the listeners.
 //! - `demo` (cargo feature `demo`, on by default): the self-contained demo (fixed-capacity

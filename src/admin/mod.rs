@@ -5,7 +5,9 @@
 //! "Policy files and hot reload"; docs/pressure.md "Pressure").
 //!
 //! It binds to loopback by default: it can pin pressure, so it is an operator's tool, not a
-//! public one.
+//! public one. Wherever it binds, [`guard`] answers only requests addressed to it, and
+//! state-changing ones only from a client that is not a browser, on loopback or with the
+//! `--admin-token-file` token.
 
 use std::sync::Arc;
 
@@ -42,16 +44,24 @@ pub struct AdminState {
     pub records: crate::record::Records,
     /// `--max-devices`: the room a preview's own device table gets.
     pub max_devices: usize,
+    /// Who may address the listener, and the token (`--admin-allow-host`,
+    /// `--admin-token-file`).
+    pub access: guard::AdminAccess,
 }
 
+pub mod guard;
 pub mod preview;
 
 /// Largest `POST /policy/preview` body, bytes: two TOML files and region files of at most
 /// [`crate::policy::MAX_REGION_FILE_BYTES`] each, a few of them.
 const PREVIEW_BODY_LIMIT: usize = 64 << 20;
 
-/// The admin routes.
+/// The admin routes, behind the [`guard`].
 pub fn router(state: AdminState) -> Router {
+    let guard = Arc::new(guard::Guard::new(
+        state.access.clone(),
+        Arc::clone(&state.metrics),
+    ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -73,6 +83,10 @@ pub fn router(state: AdminState) -> Router {
             get(get_pressure).put(pin_pressure).delete(unpin_pressure),
         )
         .with_state(state)
+        // Outermost, over every route and the fallback: a request not addressed to this
+        // listener gets 421 whatever its path, and a refused one never reaches a handler
+        // (nor has its body read).
+        .layer(axum::middleware::from_fn_with_state(guard, guard::enforce))
 }
 
 /// 200 `ok` while serving; 503 `shutting down` from SIGTERM on, so that a readiness probe

@@ -17,6 +17,7 @@ use crate::pressure::ControllerConfig;
 use crate::upstream::load_report::LoadReportField;
 use crate::upstream::{HeaderCase, HostHeader};
 
+mod admin;
 mod record;
 mod values;
 
@@ -44,6 +45,17 @@ pub struct ServeArgs {
     /// Admin listener address (metrics, health, policy, pressure) [default: 127.0.0.1:9901].
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// Host names the admin listener answers besides IP addresses and `localhost` (a Service
+    /// name, a probe's `Host`), comma-separated or repeated; any other `Host` gets 421
+    /// [default: none].
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    pub admin_allow_host: Option<Vec<String>>,
+    /// File holding the token that state-changing admin requests from beyond loopback send as
+    /// `Authorization: Bearer TOKEN` (one line of at least 32 letters, digits or `-._~+/`; a
+    /// trailing newline is ignored); without it they are refused. Loopback needs none
+    /// [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Header carrying the stream name [default: X-Stream].
     #[arg(long, value_name = "NAME")]
     pub stream_header: Option<String>,
@@ -180,6 +192,8 @@ pub struct Config {
     pub policies: PathBuf,
     /// Admin listener.
     pub admin_listen: SocketAddr,
+    /// Who may address the admin listener, and its token.
+    pub admin_access: crate::admin::guard::AdminAccess,
     /// Stream header.
     pub stream_header: HeaderName,
     /// Body limit, bytes (positive).
@@ -269,6 +283,7 @@ impl Config {
             None => args,
         };
         let (access_log, replica) = record::access_log(&args)?;
+        let admin_access = admin::access(&args)?;
         let listen = args
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
@@ -408,6 +423,7 @@ impl Config {
             upstream,
             policies: args.policies.unwrap_or_else(|| PathBuf::from("policies")),
             admin_listen,
+            admin_access,
             stream_header,
             max_body,
             max_buffered_bytes,

@@ -86,6 +86,9 @@ pub const PROTOCOL_MISMATCHES: &str = "shedgate_client_protocol_mismatches_total
 /// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
 /// (`edge::keepalive`).
 pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
+/// Requests the admin listener refused, by `reason` ([`AdminRefusal`](super::AdminRefusal)):
+/// not addressed to it, from a browser, or a state-changing request without its credential.
+pub const ADMIN_REFUSALS: &str = "shedgate_admin_refusals_total";
 /// Access-log lines written (`--access-log`).
 pub const ACCESS_LOG_LINES: &str = "shedgate_access_log_lines_total";
 /// Access-log lines dropped, by `reason` (`behind`: the queue was full, the writer behind;
@@ -257,6 +260,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Idle keep-alive client connections parked now (buffers freed, only the socket held).",
     ),
     (ACCESS_LOG_LINES, "counter", "Access-log lines written."),
+    (
+        ADMIN_REFUSALS,
+        "counter",
+        "Admin requests refused, by reason (host, origin, content_type, not_loopback, token_missing, token_invalid).",
+    ),
     (
         ACCESS_LOG_DROPPED,
         "counter",

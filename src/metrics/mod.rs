@@ -17,10 +17,12 @@ use metrics_exporter_prometheus::{
 
 use crate::policy::Policy;
 
+mod admin;
 mod catalog;
 mod live;
 mod per_policy;
 
+pub use admin::AdminRefusal;
 pub use catalog::*;
 pub use per_policy::PolicyMetrics;
 
@@ -261,6 +263,8 @@ pub struct Metrics {
     connection_closes: [Counter; 5],
     /// [`PROTOCOL_MISMATCHES`], by [`ProtocolMismatch`].
     protocol_mismatches: [Counter; 2],
+    /// [`ADMIN_REFUSALS`], by [`AdminRefusal`].
+    admin_refusals: [Counter; 6],
     reload_success: Counter,
     reload_failure: Counter,
     reload_ok: Gauge,
@@ -315,11 +319,14 @@ impl Metrics {
             .map(|r| counter(CONNECTION_CLOSES, vec![Label::new("reason", r.as_str())]));
         let protocol_mismatches = ProtocolMismatch::ALL
             .map(|p| counter(PROTOCOL_MISMATCHES, vec![Label::new("reason", p.as_str())]));
+        let admin_refusals = AdminRefusal::ALL
+            .map(|r| counter(ADMIN_REFUSALS, vec![Label::new("reason", r.as_str())]));
         let load_reports = ["read", "invalid"]
             .map(|o| counter(UPSTREAM_LOAD_REPORTS, vec![Label::new("outcome", o)]));
         let m = Metrics {
             connection_closes,
             protocol_mismatches,
+            admin_refusals,
             load_reports,
             parked_connections: gauge(PARKED_CONNECTIONS),
             devices: gauge(DEVICES),
@@ -400,6 +407,11 @@ impl Metrics {
     /// Counts a client connection closed because it spoke another protocol.
     pub fn protocol_mismatch(&self, wrong: ProtocolMismatch) {
         self.protocol_mismatches[wrong as usize].increment(1);
+    }
+
+    /// Counts a request the admin listener refused.
+    pub fn admin_refused(&self, reason: AdminRefusal) {
+        self.admin_refusals[reason as usize].increment(1);
     }
 
     /// Counts a client connection closed for `reason`.

@@ -31,6 +31,7 @@ async fn pressure_can_be_pinned_unpinned_and_read() {
     assert!(v["value"].as_f64().unwrap() < 0.5);
     for bad in ["{\"pin\": 1.5}", "{\"pin\": -0.1}", "{}", "nope"] {
         let req = Request::put(format!("http://{}/pressure", proxy.admin_addr))
+            .header("content-type", "application/json")
             .body(Full::new(Bytes::from(bad)))
             .unwrap();
         let a = send(req).await;

@@ -74,7 +74,7 @@ async fn a_half_sent_admin_head_does_not_hold_shutdown() {
     let (_up, _policy, proxy) = seeded().await;
     let mut admin = TcpStream::connect(proxy.admin_addr).await.unwrap();
     admin
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     // A client connection idle between requests, too.
@@ -158,7 +158,7 @@ async fn the_lame_duck_serves_with_connection_close_and_fails_readiness() {
     }
     let mut health = TcpStream::connect(admin_addr).await.unwrap();
     health
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     assert!(read_head(&mut health).await.starts_with("HTTP/1.1 503"));
@@ -283,7 +283,7 @@ fn sigterm_starts_the_lame_duck_then_the_process_exits() {
     assert!(!head.contains("connection: close"), "{head}");
     let (_, health) = get(
         admin,
-        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     );
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
 
@@ -297,7 +297,7 @@ fn sigterm_starts_the_lame_duck_then_the_process_exits() {
     loop {
         let (_, health) = get(
             admin,
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         );
         if health.starts_with("HTTP/1.1 503") {
             break;

@@ -2,6 +2,7 @@
 
 mod access_log;
 mod admin;
+mod admin_guard;
 mod cases;
 mod classes;
 mod clock;

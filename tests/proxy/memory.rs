@@ -158,6 +158,7 @@ async fn slow_senders_cannot_hold_more_than_the_buffer_budget() {
     // queue and shed on pressure too.)
     // Both listeners are bound before either serves.
     let req = Request::put(format!("http://{admin_addr}/pressure"))
+        .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(b"{\"pin\": 0.0}")))
         .unwrap();
     let pinned = send(req).await;

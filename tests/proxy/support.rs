@@ -442,6 +442,7 @@ pub fn event(at: (f64, f64), age_secs: i64) -> String {
 /// Pins pressure through the admin listener's `PUT /pressure`.
 pub async fn pin(proxy: &Running, pressure: f64) {
     let req = Request::put(format!("http://{}/pressure", proxy.admin_addr))
+        .header("content-type", "application/json")
         .body(Full::new(Bytes::from(format!("{{\"pin\":{pressure}}}"))))
         .unwrap();
     let a = send(req).await;
