@@ -72,7 +72,9 @@ def measure(proc, port, lua):
 
 def admin(port, pin):
     body = json.dumps({"pin": pin}).encode() if pin is not None else None
+    # urllib labels a body form-urlencoded unless told: the admin listener wants JSON.
     req = urllib.request.Request(f"http://127.0.0.1:{port}/pressure", data=body,
+                                 headers={"Content-Type": "application/json"},
                                  method="PUT" if pin is not None else "DELETE")
     urllib.request.urlopen(req, timeout=2)
 

@@ -26,3 +26,31 @@ for path in sys.argv[1:]:
             sys.exit(f"{path}: HPA {doc['metadata']['name']} scales down on shedgate_upstream_demand after {window} s; use at least 300")
         print(f"{path}: HPA {doc['metadata']['name']}: scale-down stabilisation {window} s")
 PY
+# The admin listener answers only a Host that is an IP address, localhost or a name of
+# --admin-allow-host (421 otherwise): a probe that sets its own Host must name an allowed one.
+"$venv/bin/python" - deploy/kubernetes/*.yaml <<'PY'
+import sys, yaml
+for path in sys.argv[1:]:
+    for doc in yaml.safe_load_all(open(path)):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"].get("containers", []):
+            args = c.get("args", [])
+            if "serve" not in args:
+                continue
+            allowed = set()
+            for i, a in enumerate(args):
+                if a == "--admin-allow-host" and i + 1 < len(args):
+                    allowed |= {n.strip().lower().rstrip(".") for n in args[i + 1].split(",")}
+            for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+                get = c.get(kind, {}).get("httpGet")
+                if not get:
+                    continue
+                for h in get.get("httpHeaders", []):
+                    if h["name"].lower() != "host":
+                        continue
+                    name = h["value"].rsplit(":", 1)[0].lower().rstrip(".")
+                    if name != "localhost" and name not in allowed and not name.replace(".", "").isdigit():
+                        sys.exit(f"{path}: {c['name']} {kind} sends Host {h['value']}, which the admin listener answers 421: add --admin-allow-host {name}")
+            print(f"{path}: {c['name']}: admin probes address the listener by an answered Host")
+PY
