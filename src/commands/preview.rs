@@ -18,6 +18,10 @@ pub(crate) struct PreviewArgs {
     /// The proxy's admin listener.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
     admin: String,
+    /// File holding the proxy's `--admin-token-file` token, sent as `Authorization: Bearer`:
+    /// needed when the admin listener is reached from beyond its loopback [default: none].
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// How long the proxy decides in the candidate's shadow (at most 24h).
     #[arg(long = "for", value_name = "DURATION", default_value = "10m")]
     window: HumanDuration,
@@ -32,13 +36,27 @@ pub(crate) struct PreviewArgs {
 
 /// Exit 0: the preview ran (and its counts are printed); 1: the candidate does not compile,
 /// the proxy refused it (another preview runs: its holder is printed), or it was stopped by
-/// someone else before its counts were read; 2: the proxy cannot be reached; 130 interrupted
-/// (SIGINT or SIGTERM), after stopping its own preview, and only its own.
+/// someone else before its counts were read; 2: the proxy cannot be reached, or the token
+/// file cannot be used; 130 interrupted (SIGINT or SIGTERM), after stopping its own preview,
+/// and only its own.
 pub(crate) fn run(
     args: &PreviewArgs,
     runtime: &tokio::runtime::Runtime,
     signals: &Signals,
 ) -> ExitCode {
+    let token = match args
+        .admin_token_file
+        .as_deref()
+        .map(shedgate::admin::guard::read_token)
+    {
+        None => None,
+        Some(Ok(token)) => Some(token),
+        Some(Err(e)) => {
+            eprintln!("error: --admin-token-file {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let token = token.as_deref();
     // Compiled here first: the errors name the files on this machine.
     let files = match shedgate::policy::PolicyFiles::read(&args.dir) {
         Ok(f) => f,
@@ -69,7 +87,7 @@ pub(crate) fn run(
         signals.serving();
     }
     runtime.block_on(async {
-        let post = call(&args.admin, http::Method::POST, "", Some(body));
+        let post = call(&args.admin, token, http::Method::POST, "", Some(body));
         tokio::pin!(post);
         let answer = tokio::select! {
             answer = &mut post => answer,
@@ -123,7 +141,7 @@ pub(crate) fn run(
         tokio::select! {
             () = tokio::time::sleep(args.window.0 + Duration::from_millis(200)) => {}
             () = signals.terminated() => {
-                match call(&args.admin, http::Method::DELETE, &query, None).await {
+                match call(&args.admin, token, http::Method::DELETE, &query, None).await {
                     Ok((status, _)) if status.is_success() => {
                         eprintln!("interrupted: preview {id} stopped");
                     }
@@ -135,7 +153,7 @@ pub(crate) fn run(
                 return ExitCode::from(130);
             }
         }
-        match call(&args.admin, http::Method::GET, &query, None).await {
+        match call(&args.admin, token, http::Method::GET, &query, None).await {
             Ok((status, text)) if status.is_success() => {
                 print_report(&text, args.json);
                 ExitCode::SUCCESS
@@ -213,19 +231,25 @@ fn print_report(text: &str, json: bool) {
     }
 }
 
-/// One request to the admin listener's `/policy/preview`: its status and body text.
+/// One request to the admin listener's `/policy/preview`, with the token if there is one: its
+/// status and body text.
 async fn call(
     admin: &str,
+    token: Option<&str>,
     method: http::Method,
     query: &str,
     body: Option<Vec<u8>>,
 ) -> Result<(http::StatusCode, String), String> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
-    let request = http::Request::builder()
+    let mut request = http::Request::builder()
         .method(method)
         .uri(format!("http://{admin}/policy/preview{query}"))
-        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| e.to_string())?;
     let response = client.request(request).await.map_err(|e| e.to_string())?;

@@ -291,6 +291,56 @@ async fn a_wrong_token_is_refused_even_on_loopback() {
     assert_eq!(refusals(&proxy, "token_invalid").await, 1.0);
 }
 
+/// `shedgate preview --admin-token-file` sends the token: a wrong one is refused with the
+/// proxy's problem (exit 1), an unreadable file is exit 2 before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preview_command_sends_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
+    std::fs::write(&right, TOKEN).unwrap();
+    std::fs::write(&wrong, format!("{TOKEN}0\r\n")).unwrap();
+    let (_upstream, policy, proxy) = seeded_with(Behaviour::default(), |a| {
+        a.admin_token_file = Some(right.clone());
+    })
+    .await;
+    let run = |file: std::path::PathBuf| {
+        let (admin_addr, dir) = (proxy.admin_addr.to_string(), policy.path().to_owned());
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+                .args([
+                    "preview",
+                    "--no-wait",
+                    "--for",
+                    "2s",
+                    "--admin",
+                    &admin_addr,
+                ])
+                .arg("--admin-token-file")
+                .arg(file)
+                .arg(dir)
+                .output()
+                .unwrap()
+        })
+    };
+    let out = run(wrong).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("401"), "{err}");
+    let out = run(dir.path().join("missing")).await.unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-token-file"));
+    let out = run(right).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        admin_get(&proxy, "/policy/preview").await.status,
+        StatusCode::OK
+    );
+}
+
 /// A peer beyond loopback, for real: the test re-runs itself under `unshare -n` (its own
 /// network namespace, as root), gives that namespace's `lo` the address 192.0.2.1 (TEST-NET-1,
 /// not loopback), binds the admin listener there and connects to it, so the listener sees the
