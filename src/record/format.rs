@@ -61,9 +61,9 @@ impl Formatter {
         out.extend_from_slice(b"\",\"id\":\"");
         hex(out, &entry.id.to_be_bytes());
         out.push(b'"');
-        if let Some(id) = entry.message_id.as_ref().and_then(|v| v.to_str().ok()) {
+        if let Some(id) = &entry.message_id {
             key(out, "message_id");
-            escaped(out, truncate(id, MAX_MESSAGE_ID));
+            message_id(out, id.as_bytes());
         }
         key(out, "replica");
         out.extend_from_slice(self.replica.as_bytes());
@@ -331,17 +331,91 @@ fn hex(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// Longest message id written, bytes: a sender's ids are UUIDs or similar (Standard Webhooks'
-/// `msg_` + 27 characters); a longer one is cut, on a character boundary.
+/// Longest message id written whole, bytes: a sender's ids are UUIDs or similar (Standard
+/// Webhooks' `msg_` + 27 characters).
 const MAX_MESSAGE_ID: usize = 128;
 
-fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
+/// How much of a longer id (or one that is not UTF-8) is kept before its hash, bytes at most
+/// (cut on a character boundary).
+const MESSAGE_ID_PREFIX: usize = 96;
+
+/// A sender's message id as a JSON string. Valid UTF-8 of at most [`MAX_MESSAGE_ID`] bytes is
+/// written whole (escaped as JSON: quotes, backslashes and control characters). Anything else,
+/// a longer id or bytes that are not UTF-8 (a header's obs-text), is written as its first
+/// [`MESSAGE_ID_PREFIX`] bytes or fewer (on a character boundary; bytes that are not UTF-8 as
+/// U+FFFD), then `…#` and the first 8 bytes of the SHA-256 of the whole id as 16 hex digits:
+/// at most 116 bytes, and two ids that differ anywhere are never written alike
+/// (`printf %s "$ID" | sha256sum | cut -c1-16` finds a cut id's line).
+fn message_id(out: &mut Vec<u8>, id: &[u8]) {
+    if id.len() <= MAX_MESSAGE_ID
+        && let Ok(text) = std::str::from_utf8(id)
+    {
+        escaped(out, text);
+        return;
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
+    use sha2::Digest as _;
+    let head = String::from_utf8_lossy(&id[..id.len().min(MESSAGE_ID_PREFIX)]);
+    let mut end = head.len().min(MESSAGE_ID_PREFIX);
+    while !head.is_char_boundary(end) {
         end -= 1;
     }
-    &text[..end]
+    let digest = sha2::Sha256::digest(id);
+    let mut text = String::with_capacity(end + 20);
+    text.push_str(&head[..end]);
+    text.push_str("…#");
+    for b in &digest[..8] {
+        use std::fmt::Write as _;
+        let _ = write!(text, "{b:02x}");
+    }
+    escaped(out, &text);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(id: &[u8]) -> String {
+        let mut out = Vec::new();
+        message_id(&mut out, id);
+        serde_json::from_slice(&out).expect("a JSON string")
+    }
+
+    /// Ids a sender chooses: UTF-8 kept, JSON special characters escaped, long ones and ones
+    /// that are not UTF-8 cut with their hash, never two alike.
+    #[test]
+    fn message_ids_are_kept_or_cut_with_their_hash() {
+        for id in [
+            "msg_1",
+            "msg_5_café_\u{2028}_\u{202e}",
+            "a\"b\\c\td\u{7f}e\u{1b}[31m",
+        ] {
+            assert_eq!(written(id.as_bytes()), id);
+        }
+        let whole = "é".repeat(64);
+        assert_eq!(written(whole.as_bytes()), whole, "128 bytes: whole");
+        let (a, b) = (
+            format!("msg_7_{}1", "B".repeat(130)),
+            format!("msg_7_{}2", "B".repeat(130)),
+        );
+        let (wa, wb) = (written(a.as_bytes()), written(b.as_bytes()));
+        assert_ne!(wa, wb);
+        assert!(
+            wa.starts_with(&a[..96]) && wa.len() <= MAX_MESSAGE_ID,
+            "{wa}"
+        );
+        use sha2::Digest as _;
+        let hash: String = sha2::Sha256::digest(a.as_bytes())[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert!(wa.ends_with(&format!("…#{hash}")), "{wa}");
+        // A cut on a character boundary: 95 bytes of `x`, then a 2-byte character.
+        let long = format!("{}é{}", "x".repeat(95), "y".repeat(100));
+        assert!(written(long.as_bytes()).starts_with(&format!("{}…#", "x".repeat(95))));
+        // Not UTF-8 (Latin-1 obs-text): kept apart from its lossy reading.
+        let latin = b"caf\xe9";
+        let w = written(latin);
+        assert!(w.starts_with("caf\u{fffd}…#"), "{w}");
+        assert_ne!(written(b"caf\xe8"), w);
+    }
 }

@@ -19,6 +19,7 @@ mod http10;
 mod keepalive;
 mod lifecycle;
 mod load_report;
+mod log_lines;
 #[cfg(feature = "demo")]
 mod low_signal;
 mod memory;
