@@ -26,11 +26,6 @@ pub(super) struct Start {
     declared: Option<u64>,
 }
 
-/// The sender's message id headers, in order: Standard Webhooks' `webhook-id` (Svix and the
-/// Standard Webhooks specification, "Webhook Metadata"), then CloudEvents binary mode's
-/// `ce-id` (CloudEvents HTTP protocol binding, section 3.1.3).
-const MESSAGE_ID: [&str; 2] = ["webhook-id", "ce-id"];
-
 impl Start {
     pub(super) fn of<B>(log: &AccessLog, req: &Request<B>) -> Start {
         let headers = req.headers();
@@ -42,7 +37,9 @@ impl Start {
                 .extensions()
                 .get::<crate::edge::serve::ClientInfo>()
                 .map(|c| c.peer.ip()),
-            message_id: MESSAGE_ID.iter().find_map(|h| headers.get(*h).cloned()),
+            message_id: crate::record::line::MESSAGE_ID_HEADERS
+                .iter()
+                .find_map(|h| headers.get(*h).cloned()),
             declared: headers
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
@@ -99,8 +96,8 @@ pub(super) fn finish(
             id: start.id,
             at,
             peer: start.peer,
-            method: start.method,
-            target: start.target,
+            method: Some(start.method),
+            target: Some(start.target),
             message_id: start.message_id,
             snapshot,
             note,

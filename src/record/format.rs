@@ -81,12 +81,16 @@ impl Formatter {
             };
             plain(out, text);
         }
-        key(out, "method");
-        // A method is a token (RFC 9110 section 9.1): nothing in it needs escaping.
-        plain(out, entry.method.as_str());
-        let route = policy
-            .route_index(&crate::policy::path::route_path(entry.target.path()))
-            .map(|i| policy.routes()[i].prefix.as_str());
+        if let Some(method) = &entry.method {
+            key(out, "method");
+            // A method is a token (RFC 9110 section 9.1): nothing in it needs escaping.
+            plain(out, method.as_str());
+        }
+        let route = entry.target.as_ref().and_then(|target| {
+            policy
+                .route_index(&crate::policy::path::route_path(target.path()))
+                .map(|i| policy.routes()[i].prefix.as_str())
+        });
         if let Some(route) = route {
             key(out, "route");
             escaped(out, route);

@@ -71,6 +71,11 @@ pub struct Decided {
     pub history: Option<DeviceHistory>,
 }
 
+/// The sender's message id headers, in order: Standard Webhooks' `webhook-id` (Svix and the
+/// Standard Webhooks specification, "Webhook Metadata"), then CloudEvents binary mode's
+/// `ce-id` (CloudEvents HTTP protocol binding, section 3.1.3).
+pub const MESSAGE_ID_HEADERS: [&str; 2] = ["webhook-id", "ce-id"];
+
 /// One answered request, as handed to the writer thread: [`Line`] is made from it there.
 #[derive(Debug)]
 pub struct Entry {
@@ -80,10 +85,11 @@ pub struct Entry {
     pub at: UnixMillis,
     /// The TCP peer.
     pub peer: Option<IpAddr>,
-    /// The method.
-    pub method: http::Method,
-    /// The request target: its path gives the route; neither path nor query is written.
-    pub target: http::Uri,
+    /// The method (`None`: a head refused before its method could be read).
+    pub method: Option<http::Method>,
+    /// The request target: its path gives the route; neither path nor query is written
+    /// (`None`: a head refused before its target could be read).
+    pub target: Option<http::Uri>,
     /// The sender's message id (`webhook-id`, else `ce-id`).
     pub message_id: Option<http::HeaderValue>,
     /// The policy it was decided under.
@@ -173,9 +179,9 @@ pub struct Line<'a> {
     /// `--access-log-full-peer`.
     #[serde(borrow, default)]
     pub peer: Option<Cow<'a, str>>,
-    /// The method.
-    #[serde(borrow)]
-    pub method: Cow<'a, str>,
+    /// The method; absent when a head was refused before its method could be read.
+    #[serde(borrow, default)]
+    pub method: Option<Cow<'a, str>>,
     /// The route's prefix, when a route matched (never the path itself).
     #[serde(borrow, default)]
     pub route: Option<Cow<'a, str>>,
