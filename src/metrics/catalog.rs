@@ -89,10 +89,11 @@ pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
 /// Requests the admin listener refused, by `reason` ([`AdminRefusal`](super::AdminRefusal)):
 /// not addressed to it, from a browser, or a state-changing request without its credential.
 pub const ADMIN_REFUSALS: &str = "shedgate_admin_refusals_total";
-/// Access-log lines written (`--access-log`).
+/// Access-log lines written whole (`--access-log`): each one a reader can parse.
 pub const ACCESS_LOG_LINES: &str = "shedgate_access_log_lines_total";
 /// Access-log lines dropped, by `reason` (`behind`: the queue was full, the writer behind;
-/// `write_error`: the write failed). Requests are never slowed to write a line.
+/// `write_error`: the write failed, a disk full or a pipe closed, and no part of the line is
+/// left in the file). Requests are never slowed to write a line.
 pub const ACCESS_LOG_DROPPED: &str = "shedgate_access_log_dropped_total";
 /// Requests a policy preview decided in shadow (`POST /policy/preview`), by `stream`,
 /// `candidate_area` and `band` (the candidate's), `live` and `candidate` (`admitted`, `shed`,
@@ -259,7 +260,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "gauge",
         "Idle keep-alive client connections parked now (buffers freed, only the socket held).",
     ),
-    (ACCESS_LOG_LINES, "counter", "Access-log lines written."),
+    (
+        ACCESS_LOG_LINES,
+        "counter",
+        "Access-log lines written whole (each one a reader can parse).",
+    ),
     (
         ADMIN_REFUSALS,
         "counter",
@@ -268,7 +273,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         ACCESS_LOG_DROPPED,
         "counter",
-        "Access-log lines dropped, by reason (behind: the queue was full; write_error).",
+        "Access-log lines dropped, by reason (behind: the queue was full; write_error: the write failed, no part of the line left).",
     ),
     (
         PREVIEW_DECISIONS,

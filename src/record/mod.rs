@@ -7,7 +7,9 @@
 //!   ([`line::Line`], which replay reads back).
 //! - `format`: the entry written as that line, by hand ([`line::Formatter`]).
 //! - [`privacy`]: the peer cut to its network, device ids keyed-hashed.
-//! - [`writer`]: the bounded queue and the writer thread ([`writer::AccessLog`]).
+//! - [`writer`]: the bounded queue and the writer thread ([`writer::AccessLog`]), which
+//!   writes lines in the order the requests were answered.
+//! - [`sink`]: where the lines go, and no torn line left there after a short write.
 //! - [`tally`]: decisions counted by stream, area and rank band, then and now.
 //! - [`replay`]: a log's lines decided again ([`replay::Replay`]).
 //! - [`preview`]: a candidate policy decided in shadow on live traffic
@@ -18,6 +20,7 @@ pub mod line;
 pub mod preview;
 pub mod privacy;
 pub mod replay;
+pub mod sink;
 pub mod tally;
 pub mod writer;
 

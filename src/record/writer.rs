@@ -3,8 +3,12 @@
 //! when too many wait, a chunk is dropped and counted, so a slow disk or a pipe nobody reads
 //! never slows a request (docs/operations.md "Access log"). SIGUSR1 reopens the file
 //! (logrotate's `postrotate`).
+//!
+//! Lines are written in the order the requests were answered: each line takes a number
+//! when it is formatted, under its shard's lock, and each sweep takes every shard at once
+//! (all their locks held), so a sweep holds every line numbered before it and none after;
+//! the writer sorts a sweep's lines by number before writing them in one call.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +17,7 @@ use std::time::Duration;
 use metrics::Counter;
 
 use super::line::{Entry, Formatter};
+use super::sink::{Out, Sink};
 use crate::metrics::{Metrics, Outcome};
 use crate::signals::Signals;
 
@@ -23,6 +28,8 @@ pub enum Target {
     Stdout,
     /// A file, created if missing and appended to.
     File(PathBuf),
+    /// A sink the embedding program opens (never from the command line).
+    Sink(super::sink::OpenSink),
 }
 
 impl std::str::FromStr for Target {
@@ -150,20 +157,28 @@ pub struct AccessLog {
 struct Shard {
     formatter: Formatter,
     buf: Vec<u8>,
-    lines: u64,
+    /// Each line's number (the order it was answered in) and where it ends in `buf`.
+    ends: Vec<(u64, usize)>,
 }
 
-/// Formatted lines on their way to the writer.
+/// Formatted lines on their way to the writer: each line's number and where it ends.
 #[derive(Debug)]
 struct Chunk {
     bytes: Vec<u8>,
-    lines: u64,
+    ends: Vec<(u64, usize)>,
+}
+
+impl Chunk {
+    fn lines(&self) -> u64 {
+        self.ends.len() as u64
+    }
 }
 
 /// What the writer thread and the request path count, for the metrics and for a drained
 /// shutdown.
 #[derive(Debug)]
 struct Counts {
+    /// Lines formatted; a line's number is the count before it.
     submitted: AtomicU64,
     /// Written, or dropped.
     done: AtomicU64,
@@ -197,7 +212,7 @@ impl AccessLog {
                     Mutex::new(Shard {
                         formatter: Formatter::new(config.format.clone()),
                         buf: Vec::new(),
-                        lines: 0,
+                        ends: Vec::new(),
                     })
                 })
                 .collect(),
@@ -222,6 +237,7 @@ impl AccessLog {
         let path = match &config.target {
             Target::Stdout => "-".to_owned(),
             Target::File(p) => p.display().to_string(),
+            Target::Sink(_) => "(sink)".to_owned(),
         };
         if let Err(source) = spawned {
             return Err(OpenError { path, source });
@@ -265,15 +281,17 @@ impl AccessLog {
                 NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
             };
         }
-        self.counts.submitted.fetch_add(1, Ordering::Relaxed);
         let i = SHARD.with(|i| *i);
         let mut shard = self.shards[i].lock().unwrap_or_else(|p| p.into_inner());
         let shard = &mut *shard;
+        // Numbered under the shard's lock: a sweep, which holds every shard's lock at once,
+        // sees every line numbered before it whole (module docs).
+        let number = self.counts.submitted.fetch_add(1, Ordering::Relaxed);
         if shard.buf.capacity() == 0 {
             shard.buf.reserve(CHUNK + 4096);
         }
         shard.formatter.write(entry, &mut shard.buf);
-        shard.lines += 1;
+        shard.ends.push((number, shard.buf.len()));
         if shard.buf.len() >= CHUNK {
             let chunk = take(shard);
             self.hand_over(chunk);
@@ -283,10 +301,11 @@ impl AccessLog {
     /// Queues a chunk for the writer, or drops and counts it when too many lines wait. A
     /// chunk is always taken when nothing waits, so a queue smaller than a chunk still writes.
     fn hand_over(&self, chunk: Chunk) {
-        let waiting = self.pending.fetch_add(chunk.lines, Ordering::AcqRel);
-        if waiting > 0 && waiting + chunk.lines > self.limit {
-            self.pending.fetch_sub(chunk.lines, Ordering::AcqRel);
-            self.counts.drop_behind(chunk.lines);
+        let lines = chunk.lines();
+        let waiting = self.pending.fetch_add(lines, Ordering::AcqRel);
+        if waiting > 0 && waiting + lines > self.limit {
+            self.pending.fetch_sub(lines, Ordering::AcqRel);
+            self.counts.drop_behind(lines);
             return;
         }
         self.chunks
@@ -295,20 +314,25 @@ impl AccessLog {
             .push(chunk);
     }
 
-    /// What the writer writes next (every [`SWEEP`]): the queued chunks, then what every
-    /// shard holds.
+    /// What the writer writes next (every [`SWEEP`]): the queued chunks and what every
+    /// shard holds, taken with every shard's lock held at once, so that every line numbered
+    /// before the sweep is in it and none numbered after (a request waits for the sweep at
+    /// most the time of 16 buffer swaps).
     fn sweep(&self) -> Vec<Chunk> {
-        for shard in &*self.shards {
-            let chunk = {
-                let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-                if shard.lines == 0 {
-                    continue;
-                }
-                take(&mut shard)
-            };
-            self.hand_over(chunk);
+        let mut shards: Vec<_> = self
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        for shard in &mut shards {
+            if !shard.ends.is_empty() {
+                let chunk = take(shard);
+                self.hand_over(chunk);
+            }
         }
-        std::mem::take(&mut *self.chunks.lock().unwrap_or_else(|p| p.into_inner()))
+        let chunks = std::mem::take(&mut *self.chunks.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(shards);
+        chunks
     }
 
     /// Waits up to `limit` for every line submitted to be written (shutdown).
@@ -324,12 +348,34 @@ impl AccessLog {
 }
 
 fn take(shard: &mut Shard) -> Chunk {
-    let chunk = Chunk {
+    let lines = shard.ends.len();
+    Chunk {
         bytes: std::mem::replace(&mut shard.buf, Vec::with_capacity(CHUNK + 4096)),
-        lines: shard.lines,
-    };
-    shard.lines = 0;
-    chunk
+        ends: std::mem::replace(&mut shard.ends, Vec::with_capacity(lines.max(64))),
+    }
+}
+
+/// The lines of `chunks` in the order they were numbered, into `batch` (cleared first);
+/// `index` is scratch. Returns how many.
+fn order(
+    chunks: &[Chunk],
+    index: &mut Vec<(u64, usize, usize, usize)>,
+    batch: &mut Vec<u8>,
+) -> u64 {
+    index.clear();
+    for (c, chunk) in chunks.iter().enumerate() {
+        let mut start = 0;
+        for &(number, end) in &chunk.ends {
+            index.push((number, c, start, end));
+            start = end;
+        }
+    }
+    index.sort_unstable_by_key(|&(number, ..)| number);
+    batch.clear();
+    for &(_, c, start, end) in index.iter() {
+        batch.extend_from_slice(&chunks[c].bytes[start..end]);
+    }
+    index.len() as u64
 }
 
 impl Counts {
@@ -353,22 +399,24 @@ impl Writer {
     fn run(self, opened: &std::sync::mpsc::Sender<std::io::Result<()>>) {
         let mut reopens = self.signals.reopens();
         let mut out = match self.open() {
-            Ok(out) => {
+            Ok(sink) => {
                 let _ = opened.send(Ok(()));
-                out
+                Out::new(sink)
             }
             Err(e) => {
                 let _ = opened.send(Err(e));
                 return;
             }
         };
-        let mut warned = false;
+        let mut failing = false;
+        let (mut index, mut batch) = (Vec::new(), Vec::new());
         loop {
             // Sleeps a sweep whatever the load: the writer wakes 50 times a second, not once
             // per chunk.
             std::thread::sleep(SWEEP);
             let chunks = {
                 let Some(log) = self.log.upgrade() else {
+                    self.counts.failed.increment(out.abandon());
                     return;
                 };
                 log.sweep()
@@ -381,8 +429,8 @@ impl Writer {
                 reopens = seen;
                 match self.open() {
                     Ok(new) => {
-                        out = new;
-                        warned = false;
+                        self.counts.failed.increment(out.abandon());
+                        out = Out::new(new);
                         tracing::info!("access log reopened on SIGUSR1");
                     }
                     Err(e) => tracing::error!(
@@ -391,39 +439,47 @@ impl Writer {
                     ),
                 }
             }
-            for chunk in &chunks {
-                self.write(&mut *out, chunk, &mut warned);
+            if chunks.is_empty() && !out.torn() {
+                continue;
             }
+            let lines = order(&chunks, &mut index, &mut batch);
+            self.write(&mut out, &batch, lines, &mut failing);
         }
     }
 
-    /// Writes a chunk and counts its lines, written or dropped.
-    fn write(&self, out: &mut dyn Write, chunk: &Chunk, warned: &mut bool) {
-        match out.write_all(&chunk.bytes).and_then(|()| out.flush()) {
-            Ok(()) => {
-                self.counts.written.increment(chunk.lines);
-                *warned = false;
+    /// Writes a batch and counts its lines, written or dropped; logs the first failure of a
+    /// run of them, and the write that ends it.
+    fn write(&self, out: &mut Out, batch: &[u8], lines: u64, failing: &mut bool) {
+        let wrote = out.write(batch, lines);
+        self.counts.written.increment(wrote.written);
+        self.counts.failed.increment(wrote.failed);
+        match &wrote.error {
+            None if *failing => {
+                *failing = false;
+                tracing::info!("access log writes resumed");
             }
-            Err(e) => {
-                self.counts.failed.increment(chunk.lines);
-                if !*warned {
-                    *warned = true;
-                    tracing::error!(
-                        error = %e,
-                        "access log write failed: lines dropped and counted \
-                         (shedgate_access_log_dropped_total{{reason=\"write_error\"}}) \
-                         until a write succeeds"
-                    );
-                }
+            None => {}
+            Some(e) if !*failing => {
+                *failing = true;
+                tracing::error!(
+                    error = %e,
+                    lines_written = wrote.written,
+                    "access log write failed: no torn line is left (a file is cut back to its \
+                     last whole line; elsewhere the line is completed first on the next write); \
+                     lines dropped and counted \
+                     (shedgate_access_log_dropped_total{{reason=\"write_error\"}}) \
+                     until a write succeeds"
+                );
             }
+            Some(_) => {}
         }
-        self.pending.fetch_sub(chunk.lines, Ordering::AcqRel);
-        self.counts.done.fetch_add(chunk.lines, Ordering::Release);
+        self.pending.fetch_sub(lines, Ordering::AcqRel);
+        self.counts.done.fetch_add(lines, Ordering::Release);
     }
 
-    fn open(&self) -> std::io::Result<Box<dyn Write + Send>> {
+    fn open(&self) -> std::io::Result<Box<dyn Sink>> {
         match &self.target {
-            Target::Stdout => Ok(Box::new(std::io::stdout())),
+            Target::Stdout => Ok(Box::new(super::sink::Stdout::open()?)),
             Target::File(path) => {
                 let file = std::fs::OpenOptions::new()
                     .create(true)
@@ -431,6 +487,7 @@ impl Writer {
                     .open(path)?;
                 Ok(Box::new(file))
             }
+            Target::Sink(open) => (open.0)(),
         }
     }
 }

@@ -4,15 +4,59 @@
 //! made equal to another; lines are in the order the requests were answered.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
 use shedgate::config::{Config, ServeArgs};
+use shedgate::record::sink::{OpenSink, Sink};
 use shedgate::record::writer::Target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::access_log::{STREAMS, lines};
 use super::support::*;
+
+/// A file on a disk with `room` bytes left: a write takes what fits (a short write), the
+/// next one fails with `ENOSPC`, as Linux does; cutting the file back frees its bytes.
+struct SmallDisk {
+    file: std::fs::File,
+    room: Arc<AtomicU64>,
+}
+
+impl std::io::Write for SmallDisk {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.room.load(Ordering::SeqCst);
+        if room == 0 {
+            return Err(std::io::ErrorKind::StorageFull.into());
+        }
+        let take = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let n = self.file.write(&buf[..take])?;
+        self.room.fetch_sub(n as u64, Ordering::SeqCst);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Sink for SmallDisk {
+    fn end(&mut self) -> Option<u64> {
+        self.file.end()
+    }
+
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        let before = self.file.metadata()?.len();
+        self.file.truncate(len)?;
+        self.room
+            .fetch_add(before.saturating_sub(len), Ordering::SeqCst);
+        Ok(())
+    }
+}
 
 /// A proxy whose access log goes to `target`.
 async fn proxy_logging_to(
@@ -35,6 +79,181 @@ async fn proxy_logging_to(
         .await
         .expect("proxy starts")
         .0
+}
+
+/// Posts a `geofence.transition` event with `webhook-id: id`.
+async fn post_with_id(proxy: &shedgate::app::Running, id: &str) {
+    let req = Request::post(format!("http://{}/ingest", proxy.proxy_addr))
+        .header("x-stream", "geofence.transition")
+        .header("webhook-id", id)
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(send(req).await.status, 200);
+}
+
+/// Waits until every line submitted so far is written or dropped (the writer sweeps every
+/// 20 ms; the bound is only against a hang).
+async fn settled(proxy: &shedgate::app::Running) {
+    let log = proxy.parts.records.log.as_ref().expect("a log");
+    log.drain(Duration::from_secs(20)).await;
+}
+
+/// stellar-core#2288, logrotate PR #16: with 2,500 bytes left on the disk a write stopped
+/// mid-line, the next line was glued to the fragment, lines in the file were counted as
+/// dropped and `replay` failed from then on. Now after every write, whatever it managed, the
+/// file ends on a whole line; the lines counted as written are exactly the file's lines, the
+/// rest are counted `write_error`; once there is room again, writing resumes; and `replay`
+/// reads every line.
+#[tokio::test]
+async fn a_full_disk_leaves_no_torn_line_and_writing_resumes() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::new(STREAMS, Some(BERLIN_AREA));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let room = Arc::new(AtomicU64::new(u64::MAX));
+    let open = {
+        let (path, room) = (path.clone(), Arc::clone(&room));
+        OpenSink(Arc::new(move || {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            let disk = SmallDisk {
+                file,
+                room: Arc::clone(&room),
+            };
+            Ok(Box::new(disk) as Box<dyn Sink>)
+        }))
+    };
+    let proxy = proxy_logging_to(&upstream.url(), policy.path(), Target::Sink(open)).await;
+    let ends_whole = || {
+        let bytes = std::fs::read(&path).unwrap();
+        bytes.is_empty() || bytes.ends_with(b"\n")
+    };
+    for i in 0..3 {
+        post_with_id(&proxy, &format!("msg_before_{i:03}")).await;
+        settled(&proxy).await;
+    }
+    room.store(2500, Ordering::SeqCst);
+    for i in 0..12 {
+        // One line per write: each write is short or fails.
+        post_with_id(&proxy, &format!("msg_full_{i:03}")).await;
+        settled(&proxy).await;
+        assert!(ends_whole(), "a torn line after write {i}");
+    }
+    let on_full_disk = lines(&path).len() - 3;
+    room.store(u64::MAX, Ordering::SeqCst);
+    for i in 0..4 {
+        post_with_id(&proxy, &format!("msg_after_{i:03}")).await;
+        settled(&proxy).await;
+    }
+    let metrics = scrape(&proxy).await;
+    proxy.shutdown().await;
+    // Every line parses (`lines` panics on one that does not), in order.
+    let lines = lines(&path);
+    let ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l["message_id"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<String> = (0..3).map(|i| format!("msg_before_{i:03}")).collect();
+    expected.extend((0..on_full_disk).map(|i| format!("msg_full_{i:03}")));
+    expected.extend((0..4).map(|i| format!("msg_after_{i:03}")));
+    assert_eq!(ids, expected);
+    assert!(
+        (1..12).contains(&on_full_disk),
+        "2,500 bytes hold some lines, not all: {on_full_disk}"
+    );
+    let written = metric(&metrics, "shedgate_access_log_lines_total", &[]);
+    let failed = metric(
+        &metrics,
+        "shedgate_access_log_dropped_total",
+        &[("reason", "write_error")],
+    );
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let (in_file, lost) = (lines.len() as f64, (12 - on_full_disk) as f64);
+    assert_eq!(written, in_file, "written is what a reader can parse");
+    assert_eq!(failed, lost, "the rest are write errors");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log"])
+        .arg(&path)
+        .arg("--policies")
+        .arg(policy.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "replay reads every line: {text}");
+}
+
+/// Lines handed over one after another from four threads (four shards, formatted apart, as
+/// a multi-threaded runtime's workers do) were written grouped by shard within each 20 ms
+/// batch; now the file holds them in the order they were handed over, within a batch and
+/// across batches.
+#[test]
+fn lines_are_in_the_order_requests_were_answered() {
+    use shedgate::record::{AccessLog, Entry, LogConfig, Note, Sampling};
+    let policy = PolicyDir::new(STREAMS, None);
+    let metrics = Arc::new(shedgate::metrics::Metrics::new());
+    let compiled = shedgate::policy::load_dir(policy.path()).unwrap().policy;
+    let snapshot = Arc::new(shedgate::live::store::Snapshot::new(&metrics, compiled));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let config = LogConfig {
+        target: Target::File(path.clone()),
+        sampling: Sampling::default(),
+        format: shedgate::record::line::Format {
+            replica: "replica-a".into(),
+            full_peer: false,
+            device_key: None,
+        },
+        queue: 1 << 20,
+    };
+    let log = AccessLog::start(&config, &metrics, &shedgate::signals::Signals::none()).unwrap();
+    let (threads, n): (u64, u64) = (4, 2000);
+    let turn = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (log, turn, snapshot) =
+                (Arc::clone(&log), Arc::clone(&turn), Arc::clone(&snapshot));
+            std::thread::spawn(move || {
+                for i in (t..n).step_by(usize::try_from(threads).unwrap()) {
+                    while turn.load(Ordering::Acquire) != i {
+                        std::thread::yield_now();
+                    }
+                    log.submit(&Entry {
+                        id: i,
+                        at: shedgate::clock::UnixMillis(1_800_000_000_000),
+                        peer: None,
+                        method: Some(http::Method::POST),
+                        target: Some(http::Uri::from_static("/ingest")),
+                        message_id: Some(format!("msg_{i:04}").parse().unwrap()),
+                        snapshot: Arc::clone(&snapshot),
+                        note: Note::default(),
+                        status: 200,
+                        upstream: None,
+                        response_bytes: None,
+                        sample: 1.0,
+                    });
+                    turn.store(i + 1, Ordering::Release);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(log.drain(Duration::from_secs(20)));
+    let ids: Vec<String> = lines(&path)
+        .iter()
+        .map(|l| l["message_id"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..n).map(|i| format!("msg_{i:04}")).collect();
+    assert_eq!(ids.len(), expected.len());
+    let first = ids.iter().zip(&expected).position(|(a, b)| a != b);
+    assert_eq!(first, None, "the first line out of order");
 }
 
 /// Sends `head` on a new connection and reads the answer to its end.
