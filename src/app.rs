@@ -223,6 +223,15 @@ pub async fn start_with(
         preserve_header_case: config.upstream_header_case == crate::upstream::HeaderCase::Preserve,
         lame_duck: lame_duck.clone(),
         metrics: Some(Arc::clone(&parts.metrics)),
+        // The lines of heads hyper refused itself: only the proxy's listener writes lines.
+        refusals: parts
+            .records
+            .log
+            .as_ref()
+            .map(|log| crate::edge::refusal::Refusals {
+                log: Arc::clone(log),
+                store: Arc::clone(&parts.store),
+            }),
     };
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(serve::serve(
@@ -253,6 +262,7 @@ pub async fn start_with(
         router,
         serve::Connections {
             metrics: None,
+            refusals: None,
             ..connections
         },
         shutdown_rx.clone(),

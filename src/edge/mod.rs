@@ -1,11 +1,12 @@
 //! The edge: serving client connections (accept, timeouts, drain), the connection-level
-//! framing guard, request-target and `Host` hygiene, and the one place where rejections
-//! become responses.
+//! framing guard, request-target and `Host` hygiene, the one place where rejections
+//! become responses, and the access-log line of a head hyper's parser answered itself.
 
 pub mod framing;
 pub mod keepalive;
 pub mod lifecycle;
 mod protocol;
+pub mod refusal;
 pub mod rejection;
 pub mod serve;
 pub mod target;

@@ -100,6 +100,8 @@ pub struct Connections {
     pub lame_duck: LameDuck,
     /// Where closes are counted (`None`: not counted, the admin listener).
     pub metrics: Option<Arc<Metrics>>,
+    /// Where heads hyper refused are written (`None`: no access log, or the admin listener).
+    pub refusals: Option<super::refusal::Refusals>,
 }
 
 /// Accepts connections until `shutdown`, then lets in-flight requests finish (idle
@@ -138,6 +140,7 @@ pub async fn serve<S, B>(
         header_read_timeout: settings.header_read_timeout,
         lame_duck: settings.lame_duck.clone(),
         metrics: settings.metrics.clone(),
+        refusals: settings.refusals.clone(),
         draining: AtomicBool::new(false),
         drain: std::array::from_fn(|_| Notify::new()),
     });
@@ -221,6 +224,8 @@ struct Shared<S> {
     lame_duck: LameDuck,
     /// Where closes and parked connections are counted (`None`: the admin listener).
     metrics: Option<Arc<Metrics>>,
+    /// Where heads hyper refused are written (`None`: no access log, or the admin listener).
+    refusals: Option<super::refusal::Refusals>,
     /// Set when the drain begins, with every `drain` shard notified. A waiting
     /// [`Notified`](tokio::sync::futures::Notified) future is 64 bytes of every connection's
     /// task where a `watch` receiver's `changed()` is 120 and its `wait_for` 160.
@@ -362,13 +367,20 @@ where
                             None => {
                                 // A head hyper refused (obs-fold, a space before the colon, a
                                 // bare CR, a head over the limit) was answered 400 or 431 by
-                                // hyper itself; count it as the proxy's own 400s are.
+                                // hyper itself; count it as the proxy's own 400s are, and
+                                // write its line with what its bytes still tell.
                                 if e.is_parse()
                                     && let Some(m) = &shared.metrics
                                 {
                                     m.proxy_error(ErrorKind::BadRequest);
                                 }
                                 tracing::debug!(error = %e, %peer, "client connection ended with an error");
+                                if let (Some(refusals), Some(answer)) =
+                                    (&shared.refusals, super::refusal::answered(&e))
+                                {
+                                    let head = Pin::into_inner(conn).into_parts().read_buf;
+                                    refusals.record(peer.ip(), &head, answer);
+                                }
                             }
                         }
                         return;

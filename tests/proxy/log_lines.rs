@@ -256,6 +256,15 @@ fn lines_are_in_the_order_requests_were_answered() {
     assert_eq!(first, None, "the first line out of order");
 }
 
+/// A policy with a route, so that a refused head's line can name it.
+const ROUTED: &str = r#"
+[streams."geofence.transition"]
+supersession = "never"
+[[routes]]
+prefix = "/ingest/traccar"
+format = "traccar"
+"#;
+
 /// Sends `head` on a new connection and reads the answer to its end.
 async fn raw(proxy: &shedgate::app::Running, head: &[u8]) -> String {
     let mut tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
@@ -264,6 +273,88 @@ async fn raw(proxy: &shedgate::app::Running, head: &[u8]) -> String {
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer)).await;
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Requests hyper's parser refused (obs-fold, a control byte in the message id, a head over
+/// `--max-head`, a request line that is not one) were answered 400 or 431 with no line; now
+/// each has its line with what the head told: the peer, the method, route and message id
+/// when they could be read, the status and the reason.
+#[tokio::test]
+async fn heads_hyper_refuses_have_their_line() {
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::new(ROUTED, None);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let proxy = proxy_logging_to(&upstream.url(), policy.path(), Target::File(path.clone())).await;
+    let folded = raw(
+        &proxy,
+        b"POST /ingest/traccar/x?k=v HTTP/1.1\r\nHost: x\r\nX-Stream: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await;
+    assert!(folded.starts_with("HTTP/1.1 400"), "{folded}");
+    let escape = raw(
+        &proxy,
+        b"POST /ingest/traccar HTTP/1.1\r\nHost: x\r\nwebhook-id: msg_4\x1b[31mred\r\n\r\n",
+    )
+    .await;
+    assert!(escape.starts_with("HTTP/1.1 400"), "{escape}");
+    let big = format!(
+        "GET /elsewhere HTTP/1.1\r\nHost: x\r\n{}\r\n\r\n",
+        (0..40)
+            .map(|i| format!("x-filler-{i}: {}", "f".repeat(2000)))
+            .collect::<Vec<_>>()
+            .join("\r\n")
+    );
+    let too_large = raw(&proxy, big.as_bytes()).await;
+    assert!(too_large.starts_with("HTTP/1.1 431"), "{too_large}");
+    let garbage = raw(&proxy, b"\x01\x02 nonsense\r\n\r\n").await;
+    assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+    // hyper answers before the connection's task ends and writes the line: wait for the
+    // lines (the bound is only against a hang). Their order is the order the connections
+    // ended, which a lingering close can change.
+    for _ in 0..1000 {
+        let text = scrape(&proxy).await;
+        if metric(&text, "shedgate_access_log_lines_total", &[]) >= 4.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.shutdown().await;
+    let lines = lines(&path);
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    let summary = |l: &serde_json::Value| {
+        assert_eq!(l["outcome"], "rejected", "{l}");
+        assert_eq!(l["peer"], "127.0.0.0/24", "{l}");
+        assert_eq!(l["body"], "unread", "{l}");
+        assert!(!l.to_string().contains("k=v"), "no query string: {l}");
+        format!(
+            "{} {} {} {}",
+            l["status"],
+            l["reason"].as_str().unwrap_or("-"),
+            l["method"].as_str().unwrap_or("-"),
+            l["route"].as_str().unwrap_or("-"),
+        )
+    };
+    let mut seen: Vec<String> = lines.iter().map(summary).collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "400 malformed-head - -",
+            "400 malformed-head POST /ingest/traccar",
+            "400 malformed-head POST /ingest/traccar",
+            "431 head-too-large GET -",
+        ]
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log"])
+        .arg(&path)
+        .arg("--policies")
+        .arg(policy.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "replay reads every line: {text}");
 }
 
 /// A `webhook-id` in raw UTF-8 was dropped, and two ids that differ after byte 128 were
