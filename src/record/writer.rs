@@ -129,15 +129,22 @@ const CHUNK: usize = 64 * 1024;
 /// How often the writer takes what the shards hold, and how long a line can wait in one.
 const SWEEP: Duration = Duration::from_millis(20);
 
+/// Bytes of the writer's batch buffer kept between sweeps: a sweep of 50,000 requests a
+/// second, at about 640 bytes a line.
+const BATCH_KEPT: usize = 640 * 1024;
+
 /// The access log: request ids, the sampling, the shards lines are formatted into, and the
 /// writer thread's queue of chunks (docs/operations.md "Access log").
 ///
 /// A line is formatted on the request path, into a buffer the request's thread owns in
 /// effect (0.35 µs; `cargo bench --bench replay`); full buffers of about a hundred lines are
 /// queued without waking anyone, and the writer thread takes them every 20 ms and writes
-/// each in one call. `scripts/costoflog.py`, 12 paired rounds on the 2-core bench machine:
-/// +1.37 µs (+7.8%) per shed request with every line written, 0.43 µs of it the writer
-/// thread. Waking the writer per chunk instead doubled the writer's share and cost +4.3 µs.
+/// them, sorted into the order answered, in one call. `scripts/costoflog.py`, 12 paired
+/// rounds on the 2-core bench machine, when each chunk was written as it came: +1.37 µs
+/// (+7.8%) per shed request with every line written, 0.43 µs of it the writer thread; the
+/// sort and the copy into one batch add about a line's copy and a share of a sort of a
+/// thousand numbers on that thread. Waking the writer per chunk instead doubled the
+/// writer's share and cost +4.3 µs.
 #[derive(Debug)]
 pub struct AccessLog {
     shards: Box<[Mutex<Shard>]>,
@@ -316,22 +323,38 @@ impl AccessLog {
 
     /// What the writer writes next (every [`SWEEP`]): the queued chunks and what every
     /// shard holds, taken with every shard's lock held at once, so that every line numbered
-    /// before the sweep is in it and none numbered after (a request waits for the sweep at
-    /// most the time of 16 buffer swaps).
+    /// before the sweep is in it and none numbered after. Only buffers are swapped while the
+    /// locks are held (a shard's next line allocates its buffer); the queue's limit applies
+    /// after, to these chunks only, never by queueing them behind newer ones.
     fn sweep(&self) -> Vec<Chunk> {
-        let mut shards: Vec<_> = self
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
-            .collect();
-        for shard in &mut shards {
-            if !shard.ends.is_empty() {
-                let chunk = take(shard);
-                self.hand_over(chunk);
+        let (held, mut chunks) = {
+            let mut shards: Vec<_> = self
+                .shards
+                .iter()
+                .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
+                .collect();
+            let held: Vec<Chunk> = shards
+                .iter_mut()
+                .filter(|shard| !shard.ends.is_empty())
+                .map(|shard| Chunk {
+                    bytes: std::mem::take(&mut shard.buf),
+                    ends: std::mem::take(&mut shard.ends),
+                })
+                .collect();
+            let queued =
+                std::mem::take(&mut *self.chunks.lock().unwrap_or_else(|p| p.into_inner()));
+            (held, queued)
+        };
+        for chunk in held {
+            let lines = chunk.lines();
+            let waiting = self.pending.fetch_add(lines, Ordering::AcqRel);
+            if waiting > 0 && waiting + lines > self.limit {
+                self.pending.fetch_sub(lines, Ordering::AcqRel);
+                self.counts.drop_behind(lines);
+            } else {
+                chunks.push(chunk);
             }
         }
-        let chunks = std::mem::take(&mut *self.chunks.lock().unwrap_or_else(|p| p.into_inner()));
-        drop(shards);
         chunks
     }
 
@@ -443,7 +466,14 @@ impl Writer {
                 continue;
             }
             let lines = order(&chunks, &mut index, &mut batch);
+            drop(chunks);
             self.write(&mut out, &batch, lines, &mut failing);
+            // What a burst grew is given back; a sweep's worth at 50,000 requests a second
+            // is kept.
+            batch.clear();
+            batch.shrink_to(BATCH_KEPT);
+            index.clear();
+            index.shrink_to(BATCH_KEPT / 640);
         }
     }
 
