@@ -25,9 +25,11 @@ pub struct Format {
 /// Writes entries as JSON lines, by hand: keys and the policy's names (a grammar of
 /// `[A-Za-z0-9_.-]`) as they are, anything a sender or an operator wrote escaped, numbers
 /// through serde_json. It keeps the current second's time text and the last peer's. A shed
-/// line takes about 0.33 µs, 0.46 µs with the device hash (`cargo bench --bench replay`;
-/// serde's derived serializer took 1.6 µs, most of it escaping keys, a `String` per field and
-/// locating the cell again).
+/// line takes about 0.37 µs, 0.52 µs with the device hash (`FORMAT_ONLY=1 cargo bench
+/// --bench replay`, one run with the optional method and the message-id rule, the 2 cores
+/// shared with other builds; 0.33 and 0.46 µs before, on a quiet machine; serde's derived
+/// serializer took 1.6 µs, most of it escaping keys, a `String` per field and locating the
+/// cell again). A message id that must be cut adds the SHA-256 of the whole id.
 #[derive(Debug)]
 pub struct Formatter {
     format: Format,
