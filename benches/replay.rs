@@ -89,6 +89,7 @@ fn main() {
                 interval_ms: Some(5_000),
                 newest_delivered: Some(UnixMillis(at.0 - 60_000)),
                 newest_position: None,
+                since_delivered_ms: Some(i64::from(rng.u32(0..60_000))),
             };
             let (draw, load) = (rng.f64(), Load::IDLE);
             let decision = decide(

@@ -59,9 +59,12 @@ struct Entry {
     /// Where its newest delivered fix was ([`PackedPoint`]; a latitude of `i32::MIN`: not
     /// known), for the plausibility of its next fix ([`crate::admission::trust::judge`]).
     position: [i32; 2],
+    /// When the upstream last answered 2xx to one of its fixes, by the proxy's clock (its
+    /// silence, for the freshness floor).
+    last_delivered: u32,
 }
 
-const _: () = assert!(ENTRY_BYTES == 32);
+const _: () = assert!(ENTRY_BYTES == 40);
 
 #[derive(Debug)]
 struct Shard {
@@ -304,6 +307,8 @@ impl DeviceTable {
                 lat: e.position[0],
                 lon: e.position[1],
             }),
+            since_delivered_ms: (e.last_delivered != 0)
+                .then(|| self.ms_since(e.last_delivered, now)),
         }
     }
 
@@ -384,35 +389,43 @@ impl DeviceTable {
         }
     }
 
-    /// The upstream answered 2xx to a fix of the device whose (newest) event time is `at`, at
-    /// `position` (`None`: it had none): its newest delivered time and position, unless `at`
-    /// is ahead of `now` (the proxy's clock, corrected by the upstream's): one bad device
-    /// clock must not supersede the real fixes after it. An older delivery leaves both.
+    /// The upstream answered 2xx to a fix of the device, at `local` (the proxy's own clock,
+    /// as decisions read it): the end of its silence. `at` is the fix's (newest) event time,
+    /// if readable, and `position` where it was (`None`: it had none): its newest delivered
+    /// time and position, unless `at` is ahead of `corrected` (the proxy's clock corrected by
+    /// the upstream's): one bad device clock must not supersede the real fixes after it. An
+    /// older delivery leaves both. Returns the silence this delivery ended (the time since
+    /// the device's previous delivered fix; `None` for its first on this replica).
     pub fn delivered(
         &self,
         id: DeviceId,
-        at: UnixMillis,
+        at: Option<UnixMillis>,
         position: Option<PackedPoint>,
-        now: UnixMillis,
-    ) {
-        if at > now {
-            return;
-        }
-        let seconds = at.since(self.epoch).div_euclid(1000);
-        let seconds =
-            i32::try_from(seconds).unwrap_or(if seconds < 0 { i32::MIN + 1 } else { i32::MAX });
+        corrected: UnixMillis,
+        local: UnixMillis,
+    ) -> Option<std::time::Duration> {
         let (mut shard, key) = self.shard(id);
         let before = shard.len;
-        let tick = self.tick(now);
+        let tick = self.tick(local);
         let e = shard.entry(key, self.max_sets);
-        if seconds >= e.newest_delivered {
-            e.newest_delivered = seconds;
-            e.position = position.map_or([i32::MIN, 0], |p| [p.lat, p.lon]);
+        if let Some(at) = at.filter(|&at| at <= corrected) {
+            let seconds = at.since(self.epoch).div_euclid(1000);
+            let seconds =
+                i32::try_from(seconds).unwrap_or(if seconds < 0 { i32::MIN + 1 } else { i32::MAX });
+            if seconds >= e.newest_delivered {
+                e.newest_delivered = seconds;
+                e.position = position.map_or([i32::MIN, 0], |p| [p.lat, p.lon]);
+            }
         }
+        let previous = e.last_delivered;
+        e.last_delivered = previous.max(tick);
         if e.last_seen == 0 {
             e.last_seen = tick;
         }
         self.settle(&mut shard, before);
+        (previous != 0).then(|| {
+            std::time::Duration::from_millis(u64::from(tick.saturating_sub(previous)) * 100)
+        })
     }
 
     /// What the table remembers of one device at `now`.
@@ -486,6 +499,7 @@ mod tests {
             implausible_time: false,
             device: None,
             credit: Some(credit),
+            floor: None,
         }
     }
 
@@ -506,18 +520,37 @@ mod tests {
         assert_eq!(h.since_admitted_ms, Some(1_000));
         assert!((h.credit - 0.5).abs() < 1e-6);
         assert_eq!(h.newest_delivered, None);
-        t.delivered(id, UnixMillis(10_500), None, UnixMillis(12_000));
+        t.delivered(
+            id,
+            Some(UnixMillis(10_500)),
+            None,
+            UnixMillis(12_000),
+            UnixMillis(12_000),
+        );
         // Ahead of the clock: never the newest.
-        t.delivered(id, UnixMillis(99_000), None, UnixMillis(12_000));
-        t.delivered(id, UnixMillis(9_000), None, UnixMillis(12_000));
+        t.delivered(
+            id,
+            Some(UnixMillis(99_000)),
+            None,
+            UnixMillis(12_000),
+            UnixMillis(12_000),
+        );
+        t.delivered(
+            id,
+            Some(UnixMillis(9_000)),
+            None,
+            UnixMillis(12_000),
+            UnixMillis(12_000),
+        );
         let h = t.history(id, UnixMillis(12_000)).unwrap();
         // Whole seconds, rounded down: a retry within that second is not older.
         assert_eq!(h.newest_delivered, Some(UnixMillis(10_000)));
         // Before the table's epoch (a backlog older than the process).
         t.delivered(
             DeviceId::of("/r", "old"),
-            UnixMillis(-5_500),
+            Some(UnixMillis(-5_500)),
             None,
+            UnixMillis(12_000),
             UnixMillis(12_000),
         );
         let old = t
@@ -525,6 +558,37 @@ mod tests {
             .unwrap();
         assert_eq!(old.newest_delivered, Some(UnixMillis(-6_000)));
         assert_eq!(t.len(), 2);
+    }
+
+    /// A device's silence runs from its last delivery by the proxy's own clock, whatever its
+    /// fixes' event times (none, or ahead of the clock), and each delivery returns the
+    /// silence it ended.
+    #[test]
+    fn a_delivery_ends_the_silence_by_the_proxys_clock() {
+        let t = DeviceTable::new(64, UnixMillis(0));
+        let id = DeviceId::of("/r", "a");
+        assert_eq!(
+            t.delivered(id, None, None, UnixMillis(2_000), UnixMillis(2_000)),
+            None
+        );
+        let ended = t.delivered(
+            id,
+            Some(UnixMillis(99_000)),
+            None,
+            UnixMillis(9_000),
+            UnixMillis(9_000),
+        );
+        assert_eq!(ended, Some(std::time::Duration::from_secs(7)));
+        let h = t.history(id, UnixMillis(12_500)).unwrap();
+        assert_eq!(h.since_delivered_ms, Some(3_500));
+        assert_eq!(h.newest_delivered, None);
+        // Remembered but never delivered: silent.
+        let b = DeviceId::of("/r", "b");
+        t.record(b, UnixMillis(1_000), &decision(false, 1.0));
+        assert_eq!(
+            t.history(b, UnixMillis(1_000)).unwrap().since_delivered_ms,
+            None
+        );
     }
 
     /// Full, the longest-silent device of a set goes, and is counted; the table never holds
@@ -579,20 +643,32 @@ mod tests {
         let id = DeviceId::of("/r", "dev-1");
         let point = |lat, lon| PackedPoint::of(Coordinates::new(lat, lon));
         let now = UnixMillis(100_000);
-        t.delivered(id, UnixMillis(50_000), point(52.52, 13.405), now);
+        t.delivered(id, Some(UnixMillis(50_000)), point(52.52, 13.405), now, now);
         let h = t.history(id, now).unwrap();
         assert_eq!(h.newest_position, point(52.52, 13.405));
-        t.delivered(id, UnixMillis(40_000), point(48.1372, 11.5756), now);
+        t.delivered(
+            id,
+            Some(UnixMillis(40_000)),
+            point(48.1372, 11.5756),
+            now,
+            now,
+        );
         assert_eq!(
             t.history(id, now).unwrap().newest_position,
             point(52.52, 13.405),
             "older"
         );
-        t.delivered(id, UnixMillis(60_000), point(-33.8688, 151.2093), now);
+        t.delivered(
+            id,
+            Some(UnixMillis(60_000)),
+            point(-33.8688, 151.2093),
+            now,
+            now,
+        );
         let h = t.history(id, now).unwrap();
         assert_eq!(h.newest_position, point(-33.8688, 151.2093));
         assert_eq!(h.newest_delivered, Some(UnixMillis(60_000)));
-        t.delivered(id, UnixMillis(70_000), None, now);
+        t.delivered(id, Some(UnixMillis(70_000)), None, now, now);
         assert_eq!(t.history(id, now).unwrap().newest_position, None);
         // A device only decided, never delivered, has none.
         let other = DeviceId::of("/r", "dev-2");

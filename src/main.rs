@@ -115,6 +115,11 @@ struct ExplainArgs {
     /// than that is superseded under pressure.
     #[arg(long, value_name = "DURATION")]
     newest_delivered: Option<HumanDuration>,
+    /// The upstream last took one of the device's fixes this long ago (its silence): past the
+    /// stream's `max_silence`, the freshness floor admits a fix the curve sheds [default
+    /// with a device: never, so silent].
+    #[arg(long, value_name = "DURATION")]
+    last_delivered: Option<HumanDuration>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -320,6 +325,7 @@ fn device_history(
         && args.report_interval.is_none()
         && args.credit.is_none()
         && args.newest_delivered.is_none()
+        && args.last_delivered.is_none()
     {
         return Ok(None);
     }
@@ -338,6 +344,7 @@ fn device_history(
             .newest_delivered
             .map(|d| UnixMillis(now.0.saturating_sub(ms(d.0)))),
         newest_position: None,
+        since_delivered_ms: args.last_delivered.map(|d| ms(d.0)),
     }))
 }
 
@@ -408,16 +415,19 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         Ok(d) => d,
         Err(msg) => return fail(msg),
     };
-    let mut decision = admission::decide(
-        p,
-        stream,
-        &facts,
-        now,
-        pressure,
-        args.draw,
-        &admission::Load::IDLE,
-        device,
-    );
+    // An idle floor budget: the floor of the stream's `max_silence`, if the fix names a device.
+    let load = admission::Load {
+        floor: admission::Floor {
+            max_silence_ms: stream
+                .filter(|_| device.is_some())
+                .and_then(|id| p.max_silence(id, None))
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            ..admission::Floor::OFF
+        },
+        ..admission::Load::IDLE
+    };
+    let mut decision =
+        admission::decide(p, stream, &facts, now, pressure, args.draw, &load, device);
     decision.schedule = schedule;
     let name = stream.map(|id| p.stream_policy(id).name.as_str());
     let explanation = Explanation::new(p, name, &decision);
@@ -485,6 +495,22 @@ fn explain(args: &ExplainArgs) -> ExitCode {
                 secs(now.since(t))
             )),
         );
+        if let Some(max) = load.floor.max_silence_ms {
+            println!(
+                "floor:       max_silence {:.1} s, silent {}{}",
+                secs(max),
+                d.since_delivered_ms
+                    .map_or("since never delivered".into(), |ms| format!(
+                        "{:.1} s",
+                        secs(ms)
+                    )),
+                match decision.floor {
+                    Some(admission::FloorVerdict::Admitted) => ": admitted by the floor",
+                    Some(admission::FloorVerdict::Denied) => ": past it, but its budget is spent",
+                    None => "",
+                }
+            );
+        }
     }
     println!("probability: {:.3} (draw {})", e.probability, args.draw);
     println!("policy:      {}", e.policy_version);

@@ -102,7 +102,10 @@ mod tests {
             Some(FloorVerdict::Admitted)
         );
         // Never delivered by this replica: silent.
-        assert_eq!(FIVE_S.check(&silent_for(None)), Some(FloorVerdict::Admitted));
+        assert_eq!(
+            FIVE_S.check(&silent_for(None)),
+            Some(FloorVerdict::Admitted)
+        );
         assert_eq!(Floor::OFF.check(&silent_for(None)), None);
     }
 

@@ -2,11 +2,13 @@
 //! pressure and a random draw (docs/decision.md "Decision rule").
 
 mod assess;
+mod floor;
 pub mod trust;
 
 use serde::Serialize;
 
 pub use assess::{NamedDevice, Reading, assess, assess_with_device};
+pub use floor::{Floor, FloorVerdict};
 pub use trust::Untrusted;
 
 use crate::clock::UnixMillis;
@@ -36,11 +38,14 @@ pub enum Rule {
     Memory,
     /// Considered by the pressure curve and the budget, and kept.
     Kept,
+    /// Shed by the curve, but its device was silent past its `max_silence`: admitted by the
+    /// freshness floor, within its budget (an outcome, not a shed reason).
+    Freshness,
 }
 
 impl Rule {
     /// Every rule.
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 10] = [
         Rule::NeverShed,
         Rule::UnknownStream,
         Rule::Disabled,
@@ -50,6 +55,7 @@ impl Rule {
         Rule::Budget,
         Rule::Memory,
         Rule::Kept,
+        Rule::Freshness,
     ];
 
     /// The rule [`Rule::as_str`] names `name` (`None`: no rule).
@@ -66,7 +72,7 @@ impl Rule {
             Rule::Superseded => Some(ShedReason::Superseded),
             Rule::Budget => Some(ShedReason::Budget),
             Rule::Memory => Some(ShedReason::Memory),
-            Rule::NeverShed | Rule::UnknownStream | Rule::Kept => None,
+            Rule::NeverShed | Rule::UnknownStream | Rule::Kept | Rule::Freshness => None,
         }
     }
 
@@ -82,6 +88,7 @@ impl Rule {
             Rule::Budget => "budget",
             Rule::Memory => "memory",
             Rule::Kept => "kept",
+            Rule::Freshness => "freshness",
         }
     }
 }
@@ -206,6 +213,9 @@ pub struct Decision {
     /// The device's credit after this decision ([`DeviceHistory::credit`]), when the curve
     /// read it: the table keeps it for the device's next fix.
     pub credit: Option<f64>,
+    /// What the freshness floor did, when the curve shed a fix of a device silent past its
+    /// `max_silence` ([`Floor::check`]).
+    pub floor: Option<FloorVerdict>,
 }
 
 /// What the proxy's table remembers of the request's device (docs/decision.md "Devices"): an
@@ -238,6 +248,9 @@ pub struct DeviceHistory {
     /// nor logged.
     #[serde(skip)]
     pub newest_position: Option<trust::PackedPoint>,
+    /// Milliseconds since the upstream last answered 2xx to one of its fixes, by the proxy's
+    /// own clock (`None`: never, on this replica): its silence, for the freshness floor.
+    pub since_delivered_ms: Option<i64>,
 }
 
 impl DeviceHistory {
@@ -250,6 +263,7 @@ impl DeviceHistory {
             interval_ms: None,
             newest_delivered: None,
             newest_position: None,
+            since_delivered_ms: None,
         }
     }
 }
@@ -372,6 +386,7 @@ impl Decision {
             implausible_time: false,
             device: None,
             credit: None,
+            floor: None,
         }
     }
 }
@@ -379,7 +394,7 @@ impl Decision {
 /// Upstream concurrency as the budgets see it: requests in flight per class (indexed by
 /// [`crate::policy::Class::index`]), in total, and the capacity
 /// ([`crate::pressure::PressureGauge::capacity`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Load {
     /// In flight per class.
     pub class_inflight: [u32; 3],
@@ -387,6 +402,8 @@ pub struct Load {
     pub total: u32,
     /// The upstream's in-flight capacity.
     pub capacity: u32,
+    /// The freshness floor of this fix and its budget.
+    pub floor: Floor,
 }
 
 impl Load {
@@ -395,6 +412,7 @@ impl Load {
         class_inflight: [0; 3],
         total: 0,
         capacity: u32::MAX,
+        floor: Floor::OFF,
     };
 
     /// Whether `class` is over its budget with no idle capacity to borrow: it may exceed its
@@ -533,10 +551,18 @@ pub fn decide(
             shed
         }
     };
-    if pressure_shed {
+    // The freshness floor overrides the curve only: a device silent past its
+    // `max_silence` is admitted within the floor's budget; budgets still apply.
+    decision.floor = device
+        .filter(|_| pressure_shed)
+        .and_then(|d| load.floor.check(&d));
+    let floored = decision.floor == Some(FloorVerdict::Admitted);
+    if pressure_shed && !floored {
         shed(&mut decision, Rule::Pressure, ShedReason::Pressure);
     } else if load.over_budget(stream.class, class) {
         shed(&mut decision, Rule::Budget, ShedReason::Budget);
+    } else if floored {
+        decision.rule = Rule::Freshness;
     } else {
         decision.rule = Rule::Kept;
     }

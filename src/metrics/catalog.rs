@@ -67,6 +67,13 @@ pub const CONNECTION_CLOSES: &str = "shedgate_client_connection_closes_total";
 /// Time between a device's admitted fixes, seconds, by `area` (of the later fix; never by
 /// device): how long devices go dark while their rank is shed (docs/decision.md "Devices").
 pub const DEVICE_GAP: &str = "shedgate_device_gap_seconds";
+/// Fixes of devices silent past their `max_silence` that the curve shed, by `stream` and
+/// `outcome`: `admitted` by the freshness floor, or `denied` (its budget spent; shed with
+/// reason `pressure`) (docs/decision.md "Devices").
+pub const FRESHNESS: &str = "shedgate_freshness_total";
+/// The silence each delivered fix ended, seconds, by `stream`: the time since its device's
+/// previous delivered fix, by the proxy's clock (docs/decision.md "Devices").
+pub const DEVICE_SILENCE: &str = "shedgate_device_silence_seconds";
 /// Devices the replica's device table remembers now.
 pub const DEVICES: &str = "shedgate_devices";
 /// Bytes the device table takes now (32 a device, grown in steps; room for `--max-devices` at
@@ -229,6 +236,16 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         DEVICE_GAP,
         "histogram",
         "Time between a device's admitted fixes, seconds, by area (never by device).",
+    ),
+    (
+        FRESHNESS,
+        "counter",
+        "Fixes of devices silent past their max_silence that the curve shed, by stream and outcome (admitted by the freshness floor, denied: its budget spent).",
+    ),
+    (
+        DEVICE_SILENCE,
+        "histogram",
+        "The silence each delivered fix ended (time since its device's previous delivered fix), seconds, by stream.",
     ),
     (
         DEVICES,

@@ -41,6 +41,12 @@ const LEAD_BUCKETS: &[f64] = &[1.0, 5.0, 60.0, 300.0, 3600.0, 86400.0];
 /// mode, Traccar Client) up to the minutes a device goes dark while its rank is shed.
 const GAP_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0];
 
+/// Buckets of [`DEVICE_SILENCE`], seconds: a fix every second up to the hour a device may be
+/// kept dark with no floor set.
+const SILENCE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0,
+];
+
 /// Buckets of [`UPSTREAM_LATENCY`], seconds.
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -296,6 +302,9 @@ impl Metrics {
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_AGE.into()), AGE_BUCKETS))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(EVENT_LEAD.into()), LEAD_BUCKETS))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DEVICE_GAP.into()), GAP_BUCKETS))
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(DEVICE_SILENCE.into()), SILENCE_BUCKETS)
+            })
             .map(PrometheusBuilder::build_recorder)
             .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
         for (name, kind, help) in CATALOG {

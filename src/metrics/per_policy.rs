@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 use metrics::{Counter, Histogram, Label};
 
 use super::{
-    ADMITTED, DEVICE_GAP, DEVICE_UNTRUSTED, EVENT_AGE, EVENT_LEAD, Fact, Metrics, NO_ROUTE, OPAQUE,
-    Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
+    ADMITTED, DEVICE_GAP, DEVICE_SILENCE, DEVICE_UNTRUSTED, EVENT_AGE, EVENT_LEAD, FRESHNESS, Fact,
+    Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
 };
-use crate::admission::{ShedReason, Untrusted, Verdict};
+use crate::admission::{FloorVerdict, ShedReason, Untrusted, Verdict};
 use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
 
 /// The label values a policy gives series: its stream names, area names and route prefixes
@@ -67,6 +67,10 @@ pub struct PolicyMetrics {
     leads: Vec<OnceLock<Histogram>>,
     /// `[area]`: time between a device's admitted fixes.
     gaps: Vec<OnceLock<Histogram>>,
+    /// `[slot][admitted, denied]`: the freshness floor's verdicts.
+    floor: Vec<[OnceLock<Counter>; 2]>,
+    /// `[slot]`: the silence each delivered fix ended.
+    silences: Vec<OnceLock<Histogram>>,
     /// `[slot × routes + route][fact]`.
     unreadable: Vec<[OnceLock<Counter>; 5]>,
     /// `[slot][reason]`.
@@ -108,6 +112,8 @@ impl PolicyMetrics {
             ages: (0..slots).map(|_| OnceLock::new()).collect(),
             leads: (0..slots).map(|_| OnceLock::new()).collect(),
             gaps: (0..area_names.len()).map(|_| OnceLock::new()).collect(),
+            floor: (0..slots).map(|_| Default::default()).collect(),
+            silences: (0..slots).map(|_| OnceLock::new()).collect(),
             unreadable: (0..slots * route_names.len())
                 .map(|_| Default::default())
                 .collect(),
@@ -270,6 +276,40 @@ impl PolicyMetrics {
                 )
             })
             .record(gap.as_secs_f64());
+    }
+
+    /// Counts what the freshness floor did with a fix the curve shed, by stream.
+    pub fn floor(&self, stream: Option<StreamId>, verdict: FloorVerdict) {
+        let slot = self.slot(stream);
+        let (i, outcome) = match verdict {
+            FloorVerdict::Admitted => (0, "admitted"),
+            FloorVerdict::Denied => (1, "denied"),
+        };
+        self.floor[slot][i]
+            .get_or_init(|| {
+                self.metrics.counter(
+                    FRESHNESS,
+                    vec![
+                        Label::new("stream", self.stream_names[slot].clone()),
+                        Label::new("outcome", outcome),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// Records the silence a delivered fix of `stream` ended (the time since its device's
+    /// previous delivered fix).
+    pub fn silence(&self, stream: Option<StreamId>, silence: std::time::Duration) {
+        let slot = self.slot(stream);
+        self.silences[slot]
+            .get_or_init(|| {
+                self.metrics.histogram(
+                    DEVICE_SILENCE,
+                    vec![Label::new("stream", self.stream_names[slot].clone())],
+                )
+            })
+            .record(silence.as_secs_f64());
     }
 
     /// Counts a sheddable request the decision admitted, by stream and area.

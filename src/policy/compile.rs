@@ -96,6 +96,25 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         err
     })?;
     let default_stale = d.stale_after.map_or(DEFAULT_STALE_AFTER, |v| v.0);
+    let freshness_share = d
+        .freshness_share
+        .as_ref()
+        .map_or(DEFAULT_FRESHNESS_SHARE, |v| *v.get_ref());
+    if !(freshness_share > 0.0 && freshness_share <= 1.0) {
+        let mut err = at(
+            streams_path,
+            "defaults.freshness_share".into(),
+            format!(
+                "freshness_share must be in (0, 1] (a share of the in-flight capacity), got \
+                 {freshness_share}"
+            ),
+        );
+        err.location.line_col = d
+            .freshness_share
+            .as_ref()
+            .map(|v| line_col(streams_text, v.span().start));
+        return Err(err);
+    }
     let mode = d.mode.unwrap_or(Mode::Enforce);
     if mode == Mode::Warn {
         warnings.push(Warning {
@@ -145,6 +164,15 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
                     "a `never` stream cannot be disabled: nothing resends its events".into(),
                 ));
             }
+            if s.max_silence.is_some() {
+                warnings.push(Warning {
+                    file: streams_path.to_owned(),
+                    message: format!(
+                        "stream {name:?} is `never` and sets `max_silence`: a stream that is \
+                         never shed needs no freshness floor"
+                    ),
+                });
+            }
             if stream_mode == Mode::Warn {
                 warnings.push(Warning {
                     file: streams_path.to_owned(),
@@ -186,6 +214,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             disabled: Disable::from_parts(s.enabled, s.until),
             format,
             modes,
+            max_silence: s.max_silence.map(|v| v.0),
         });
     }
     if streams.is_empty() {
@@ -461,6 +490,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             curve,
             mode,
             stale_status,
+            freshness_share,
             classes,
             retry_after,
             schedules,

@@ -142,6 +142,8 @@ pub struct RouteSection {
     /// instead of the format's success body or the problem document: what this route's
     /// sender counts as delivered. Must be valid JSON.
     pub stale_body: Option<toml::Spanned<String>>,
+    /// The freshness floor of this route's devices (overrides the stream's `max_silence`).
+    pub max_silence: Option<DurationValue>,
 }
 
 /// `params = { lat = "…", lon = "…", time = "…" }` on a route: query or form keys.
@@ -181,6 +183,9 @@ pub struct DefaultsSection {
     /// Device ids that name no device, besides the built-in ones
     /// ([`crate::extract::placeholder::PLACEHOLDERS`]), compared case-insensitively.
     pub device_placeholders: Option<Vec<String>>,
+    /// Share of the in-flight capacity the freshness floor may hold, `(0, 1]`; default 0.1.
+    /// Spanned, as `band`.
+    pub freshness_share: Option<toml::Spanned<f64>>,
 }
 
 /// `[streams."NAME"]` in `streams.toml`.
@@ -211,6 +216,9 @@ pub struct StreamSection {
     /// Format preset of this stream's bodies when the stream comes from a header; default
     /// `pointers`. `lat`, `lon`, `time` override the preset's pointers.
     pub format: Option<crate::extract::formats::Format>,
+    /// The freshness floor: a fresh fix of a device silent longer than this is admitted
+    /// even where the curve sheds its whole rank; default none (off).
+    pub max_silence: Option<DurationValue>,
 }
 
 /// `areas.toml`.

@@ -45,6 +45,10 @@ pub const UNKNOWN_STREAM: &str = "unknown";
 pub const UNCONFIGURED_AREA: &str = "unconfigured";
 /// Default `stale_after`: 30 s (the geographic seed's `STALE_AFTER_SECONDS`).
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
+/// Default `[defaults] freshness_share`: a tenth of the in-flight capacity may be floor
+/// admissions at once, so the floor keeps devices on the map without becoming the overload
+/// (docs/decision.md "Devices").
+pub const DEFAULT_FRESHNESS_SHARE: f64 = 0.1;
 /// The H3 resolution of the area key (docs/decision.md "Areas": about a metropolitan area).
 pub const AREA_RESOLUTION: Resolution = Resolution::Four;
 
@@ -220,6 +224,9 @@ pub struct StreamPolicy {
     pub modes: Vec<StreamMode>,
     /// Where its latency samples are learned, by name ([`crate::pressure::costs`]).
     pub cost_slot: crate::pressure::CostSlot,
+    /// The freshness floor of its devices (`max_silence`; `None`: off), unless the route
+    /// sets its own ([`Policy::max_silence`]).
+    pub max_silence: Option<Duration>,
 }
 
 /// How one content mode of a stream's bodies is read (without a route).
@@ -319,6 +326,8 @@ pub struct Route {
     /// The JSON body answered to a stale event on this route: the route's `stale_body`, else
     /// the format's success body ([`Format::success_body`]); `None`: the problem document.
     pub stale_body: Option<bytes::Bytes>,
+    /// The route's `max_silence` (`None`: its stream's applies).
+    pub max_silence: Option<Duration>,
     modes: Vec<(ContentMode, RouteMode)>,
 }
 
@@ -370,6 +379,7 @@ pub struct Policy {
     curve: Curve,
     mode: Mode,
     stale_status: http::StatusCode,
+    freshness_share: f64,
     classes: [ClassPolicy; 3],
     retry_after: RetryAfterPolicy,
     schedules: Vec<schedule::Schedule>,
@@ -478,6 +488,21 @@ impl Policy {
     /// The status answered to stale sheds.
     pub fn stale_status(&self) -> http::StatusCode {
         self.stale_status
+    }
+
+    /// `[defaults] freshness_share`: the share of the in-flight capacity class budgets use
+    /// that floor admissions may hold at once, in `(0, 1]` (docs/decision.md "Devices").
+    pub fn freshness_share(&self) -> f64 {
+        self.freshness_share
+    }
+
+    /// The freshness floor of a fix of `stream` that came on `route` (an index into
+    /// [`Policy::routes`]): the route's `max_silence`, else the stream's; `None`: off.
+    pub fn max_silence(&self, stream: StreamId, route: Option<usize>) -> Option<Duration> {
+        route
+            .and_then(|i| self.routes.get(i))
+            .and_then(|r| r.max_silence)
+            .or(self.stream_policy(stream).max_silence)
     }
 
     /// The body answered (as `application/json`) to a stale event that came on `route` (an

@@ -254,6 +254,7 @@ pub(super) fn compile_routes(
             prefix: r.prefix,
             format,
             stale_body,
+            max_silence: r.max_silence.map(|v| v.0),
             modes,
         });
     }

@@ -21,12 +21,14 @@ pub struct ClassLoad {
 }
 
 impl ClassLoad {
-    /// The load the budgets see, given the total in flight and the capacity.
+    /// The load the budgets see, given the total in flight and the capacity (no freshness
+    /// floor: the decision of a device's fix sets its own).
     pub fn load(&self, total: u32, capacity: u32) -> Load {
         Load {
             class_inflight: std::array::from_fn(|i| self.inflight[i].load(Ordering::Relaxed)),
             total,
             capacity,
+            floor: crate::admission::Floor::OFF,
         }
     }
 

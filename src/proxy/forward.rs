@@ -42,9 +42,21 @@ where
     Request::from_parts(parts, body)
 }
 
+/// An admitted fix of a device: what a 2xx from the upstream tells the device table.
+#[derive(Debug)]
+pub(super) struct Delivery {
+    /// The device.
+    pub(super) id: crate::extract::DeviceId,
+    /// The fix's (newest) event time, if readable: the device's newest delivered, if newer.
+    pub(super) at: Option<crate::clock::UnixMillis>,
+    /// Where the fix was, if readable: kept with its time, for the next fix's plausibility.
+    pub(super) position: Option<crate::admission::trust::PackedPoint>,
+    /// Held while a floor admission is in flight ([`super::freshness`]).
+    pub(super) floor: Option<super::FloorGuard>,
+}
+
 /// Forwards an admitted request, counting it in flight until its response body ends. A fix of
-/// a device (`delivery`: the device, its event's time and its position) the upstream answers
-/// 2xx is that device's newest delivered, if newer.
+/// a device (`delivery`) the upstream answers 2xx ends the device's silence.
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
     inner: S,
@@ -52,11 +64,7 @@ pub(super) async fn forward<S>(
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
     reserved: Option<ClassGuard>,
-    delivery: Option<(
-        crate::extract::DeviceId,
-        crate::clock::UnixMillis,
-        Option<crate::admission::trust::PackedPoint>,
-    )>,
+    delivery: Option<Delivery>,
 ) -> Response<Body>
 where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
@@ -80,10 +88,15 @@ where
     let class = snapshot.policy.class_of(stream);
     let counts = snapshot.metrics.counts(stream);
     counts.accepted(shared.sources().now());
+    let (delivery, floor) = match delivery {
+        Some(d) => (Some((d.id, d.at, d.position)), d.floor),
+        None => (None, None),
+    };
     let guard = (
         shared.pressure.start(),
         reserved.unwrap_or_else(|| shared.classes.start(class)),
         counts.start(),
+        floor,
     );
     // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
     // generic future directly trips rustc's higher-ranked `Send` inference.
@@ -131,8 +144,14 @@ where
             Some(UpstreamOutcome::Answered { .. } | UpstreamOutcome::AnsweredEarly)
         )
     {
-        let now = shared.skew.correct(shared.sources().now());
-        shared.devices.delivered(device, at, position, now);
+        let local = shared.sources().now();
+        let corrected = shared.skew.correct(local);
+        if let Some(silence) = shared
+            .devices
+            .delivered(device, at, position, corrected, local)
+        {
+            m.silence(stream, silence);
+        }
     }
     let mut response = response;
     let outcome = match response.extensions().get::<UpstreamOutcome>() {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::budget::ClassLoad;
+use super::freshness::FreshnessBudget;
 use super::memory::BufferBudget;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared};
@@ -36,6 +37,7 @@ impl AdmissionLayer {
                 pressure,
                 settings,
                 classes: Arc::new(ClassLoad::default()),
+                freshness: Arc::new(FreshnessBudget::default()),
                 buffers,
                 devices,
                 skew: crate::clock::skew::ClockSkew::default(),

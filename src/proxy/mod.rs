@@ -10,7 +10,7 @@
 //! future): `layer.rs` (configuration), `service.rs` (the framing check, then the branch),
 //! `resolve.rs` (route and stream before the body), `read.rs` (a sheddable body read and
 //! decided), `memory.rs` (the budget of buffered body bytes), `budget.rs` (class budgets
-//! and the capped wait), `forward.rs` (in-flight
+//! and the capped wait), `freshness.rs` (the freshness floor's budget), `forward.rs` (in-flight
 //! accounting and the upstream call), `future.rs` (the response future), `body.rs` (the
 //! body wrappers), and `record.rs` (the access log's entry and the preview's shadow
 //! decision).
@@ -18,6 +18,7 @@
 mod body;
 mod budget;
 mod forward;
+mod freshness;
 mod future;
 mod layer;
 mod memory;
@@ -33,6 +34,7 @@ use http::header::HeaderName;
 
 pub use body::{GuardedBody, TimedBody};
 pub use budget::ClassLoad;
+pub use freshness::{FloorGuard, FreshnessBudget};
 pub use future::ResponseFuture;
 pub use layer::AdmissionLayer;
 pub use memory::BufferBudget;
@@ -63,6 +65,8 @@ struct Shared {
     settings: AdmissionSettings,
     /// In flight per class, for budgets.
     classes: Arc<ClassLoad>,
+    /// Floor admissions in flight, for the freshness floor's budget.
+    freshness: Arc<FreshnessBudget>,
     /// Buffered body bytes (`--max-buffered-bytes`).
     buffers: Arc<BufferBudget>,
     /// What this replica remembers of each device.

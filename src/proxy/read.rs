@@ -15,13 +15,13 @@ use tower::Service;
 use super::Shared;
 use super::budget::{capped, hold_for_room};
 use super::forward::shed_outside_decide;
-use super::forward::{forward, reject};
+use super::forward::{Delivery, forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation};
 use crate::BoxError;
 use crate::admission::trust::{PackedPoint, judge};
 use crate::admission::{
-    DeviceHistory, NamedDevice, Reading, ShedReason, Untrusted, Verdict, assess_with_device,
-    decide, schedule_floor,
+    DeviceHistory, FloorVerdict, NamedDevice, Reading, ShedReason, Untrusted, Verdict,
+    assess_with_device, decide, schedule_floor,
 };
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::extract::coding::{DecodeError, decoded};
@@ -171,7 +171,18 @@ where
     let mut device = facts.device.filter(|_| sheddable);
     let mut untrusted =
         (sheddable && named == NamedDevice::Placeholder).then_some(Untrusted::Placeholder);
-    let (draw, load) = (shared.sources().draw(), shared.load());
+    let (draw, mut load) = (shared.sources().draw(), shared.load());
+    if device.is_some() {
+        // The freshness floor of this fix: its route's or stream's `max_silence`, and the
+        // floor's budget now.
+        let max_silence = stream.and_then(|id| policy.max_silence(id, route));
+        load.floor = shared.freshness.floor(
+            max_silence,
+            policy.freshness_share(),
+            load.capacity,
+            local_now,
+        );
+    }
     let mut given: Option<DeviceHistory> = None;
     let mut decide_with = |history: Option<DeviceHistory>| {
         given = history;
@@ -205,6 +216,12 @@ where
         }
     }
     decision.schedule = schedule;
+    if let Some(floor) = decision.floor {
+        m.floor(stream, floor);
+        if floor == FloorVerdict::Denied {
+            shared.freshness.denied(&load.floor, local_now);
+        }
+    }
     shared.preview(
         &snapshot,
         &Live {
@@ -320,13 +337,19 @@ where
                     Err(response) => return response,
                 }
             }
-            // A device's fix the upstream takes is its newest delivered, if newer.
-            let delivery = device
-                .zip(match facts.time {
+            // A device's fix the upstream takes ends its silence (and is its newest
+            // delivered, with its position, if newer); a floor admission holds a place in the
+            // floor's budget until its answer ends.
+            let delivery = device.map(|id| Delivery {
+                id,
+                at: match facts.time {
                     crate::extract::EventTime::At(at) => Some(at),
                     _ => None,
-                })
-                .map(|(id, at)| (id, at, PackedPoint::of(facts.coordinates)));
+                },
+                position: PackedPoint::of(facts.coordinates),
+                floor: (decision.rule == crate::admission::Rule::Freshness)
+                    .then(|| shared.freshness.start()),
+            });
             let mut parts = parts;
             if let Some(note) = note {
                 parts.extensions.insert(note);

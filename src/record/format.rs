@@ -258,6 +258,16 @@ impl Formatter {
         number(out, d.load.total);
         out.extend_from_slice(b",\"capacity\":");
         number(out, d.load.capacity);
+        if d.load.floor.max_silence_ms.is_some() {
+            let f = d.load.floor;
+            out.extend_from_slice(b",\"floor\":{\"inflight\":");
+            number(out, f.inflight);
+            out.extend_from_slice(b",\"limit\":");
+            number(out, f.limit);
+            out.extend_from_slice(b",\"threshold\":");
+            number(out, f.threshold);
+            out.push(b'}');
+        }
         out.push(b'}');
         key(out, "buffered_bytes");
         number(out, d.buffered);
@@ -276,6 +286,10 @@ impl Formatter {
             if let Some(at) = h.newest_delivered {
                 out.extend_from_slice(b",\"newest_delivered_ms\":");
                 number(out, at.0);
+            }
+            if let Some(ms) = h.since_delivered_ms {
+                out.extend_from_slice(b",\"since_delivered_ms\":");
+                number(out, ms);
             }
             out.push(b'}');
         }

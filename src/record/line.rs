@@ -120,6 +120,9 @@ pub struct HistoryLine {
     /// [`DeviceHistory::newest_delivered`], unix milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub newest_delivered_ms: Option<i64>,
+    /// [`DeviceHistory::since_delivered_ms`]: the device's delivery age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_delivered_ms: Option<i64>,
 }
 
 impl From<DeviceHistory> for HistoryLine {
@@ -129,6 +132,7 @@ impl From<DeviceHistory> for HistoryLine {
             since_admitted_ms: h.since_admitted_ms,
             interval_ms: h.interval_ms,
             newest_delivered_ms: h.newest_delivered.map(|t| t.0),
+            since_delivered_ms: h.since_delivered_ms,
         }
     }
 }
@@ -142,12 +146,13 @@ impl From<HistoryLine> for DeviceHistory {
             newest_delivered: h.newest_delivered_ms.map(UnixMillis),
             // Never logged: a decision given a history was judged on it already.
             newest_position: None,
+            since_delivered_ms: h.since_delivered_ms,
         }
     }
 }
 
 /// [`Load`] as a line states it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LoadLine {
     /// In flight per class: `critical`, `important`, `best-effort` ([`crate::policy::Class`]).
     pub class_inflight: [u32; 3],
@@ -155,6 +160,47 @@ pub struct LoadLine {
     pub total: u32,
     /// The upstream's in-flight capacity.
     pub capacity: u32,
+    /// The freshness floor's budget as the decision read it, when the fix had a floor
+    /// ([`crate::admission::Floor`]; its `max_silence` is the policy's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<FloorLine>,
+}
+
+/// The freshness floor's budget as a line states it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FloorLine {
+    /// Floor admissions in flight.
+    pub inflight: u32,
+    /// The most floor admissions in flight at once.
+    pub limit: u32,
+    /// The threshold, in `max_silence`s of silence, while the budget binds.
+    pub threshold: f64,
+}
+
+impl LoadLine {
+    /// The [`Load`] a decision read, its floor's `max_silence` given (from the policy
+    /// replayed: `None` when it sets none for the fix). A line without a floor stands for an
+    /// idle floor budget at the policy's share of the capacity.
+    pub fn load(&self, max_silence: Option<std::time::Duration>, share: f64) -> Load {
+        let floor = match (max_silence, self.floor) {
+            (None, _) => crate::admission::Floor::OFF,
+            (Some(max), f) => crate::admission::Floor {
+                max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
+                inflight: f.map_or(0, |f| f.inflight),
+                limit: f.map_or_else(
+                    || crate::admission::Floor::limit_of(share, self.capacity),
+                    |f| f.limit,
+                ),
+                threshold: f.map_or(1.0, |f| f.threshold),
+            },
+        };
+        Load {
+            class_inflight: self.class_inflight,
+            total: self.total,
+            capacity: self.capacity,
+            floor,
+        }
+    }
 }
 
 /// One access-log line (JSON) as replay reads it back; [`Formatter`] writes it. Optional

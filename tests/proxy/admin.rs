@@ -100,6 +100,9 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
             shedgate::metrics::EVENT_LEAD,
             shedgate::metrics::DEVICE_GAP,
             shedgate::metrics::DEVICE_UNTRUSTED,
+            // A policy with `max_silence` under pressure (`devices.rs`).
+            shedgate::metrics::FRESHNESS,
+            shedgate::metrics::DEVICE_SILENCE,
             // A policy preview running (`preview.rs`).
             shedgate::metrics::PREVIEW_DECISIONS,
         ]

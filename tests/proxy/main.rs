@@ -10,6 +10,7 @@ mod device_hash;
 mod devices;
 mod docs;
 mod faults;
+mod freshness;
 mod fuzz;
 mod geography;
 #[cfg(feature = "demo")]

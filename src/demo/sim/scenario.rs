@@ -377,6 +377,7 @@ pub async fn run_scenario_phased(
                 class_inflight: [0; 3],
                 total: gauge.inflight(),
                 capacity: gauge.capacity(),
+                floor: crate::admission::Floor::OFF,
             };
             // A fix of a device of a sheddable stream: decided by the device's history.
             let device = event
@@ -460,14 +461,18 @@ pub async fn run_scenario_phased(
                         let latency = done - began;
                         gauge.record_latency(slot, latency);
                         if let Some(id) = device {
+                            let done_wall = UnixMillis(
+                                wall.0 + i64::try_from((done - start).as_millis()).unwrap_or(0),
+                            );
                             table.delivered(
                                 id,
-                                facts_time,
+                                Some(facts_time),
                                 crate::admission::trust::PackedPoint::of(Coordinates::Valid {
                                     lat: event.lat,
                                     lon: event.lon,
                                 }),
                                 now_wall,
+                                done_wall,
                             );
                         }
                         if load_reports {

@@ -164,7 +164,9 @@ impl<'p> Replay<'p> {
             return Ok(());
         };
         let recorded = recorded_verdict(&line).map_err(fail)?;
-        let inputs = Inputs::of(&line, at).map_err(fail)?;
+        let route = line.route.as_deref().and_then(|p| policy.route_index(p));
+        let max_silence = stream.and_then(|id| policy.max_silence(id, route));
+        let inputs = Inputs::of(&line, at, max_silence, policy.freshness_share()).map_err(fail)?;
         let pressure = if inputs.pinned {
             inputs.raw
         } else {
@@ -232,7 +234,14 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn of(line: &Line<'_>, at: UnixMillis) -> Result<Self, String> {
+    /// The inputs `line` records, decided at `at`; `max_silence` and `share` are the replayed
+    /// policy's freshness floor for its fix.
+    fn of(
+        line: &Line<'_>,
+        at: UnixMillis,
+        max_silence: Option<std::time::Duration>,
+        share: f64,
+    ) -> Result<Self, String> {
         let body = parse_body(&line.body).ok_or_else(|| format!("body {:?}", line.body))?;
         let coordinates = match (line.cell.as_deref(), line.points.as_deref()) {
             (Some(cell), None) => {
@@ -286,11 +295,7 @@ impl Inputs {
             now: UnixMillis(at.0 + line.clock_offset_ms.unwrap_or(0)),
             raw: Pressure::new(raw).ok_or_else(|| format!("pressure {raw} is not in [0, 1]"))?,
             pinned: line.pinned,
-            load: Load {
-                class_inflight: load.class_inflight,
-                total: load.total,
-                capacity: load.capacity,
-            },
+            load: load.load(max_silence, share),
             history: line.device_history.map(DeviceHistory::from),
         })
     }

@@ -1,0 +1,172 @@
+//! The freshness floor's budget on the request path: floor admissions in flight, and the
+//! threshold that picks the devices silent longest while the budget binds
+//! (docs/decision.md "Devices").
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::admission::Floor;
+use crate::clock::UnixMillis;
+
+/// How far the threshold moves after a second: up after a second in which a floor candidate
+/// met a full budget, down (to 1 at least) after one in which none did. Doubling reaches the
+/// silence of the longest-silent candidates in a few seconds (a threshold of 8 is eight
+/// `max_silence`s of silence) without a queue or a sort; halving lets the floor open again as
+/// quickly once the budget has room.
+const THRESHOLD_STEP: f64 = 2.0;
+/// The highest threshold: 64 `max_silence`s of silence.
+const MAX_THRESHOLD: f64 = 64.0;
+
+/// Floor admissions in flight and the threshold of their budget.
+#[derive(Debug)]
+pub struct FreshnessBudget {
+    inflight: AtomicU32,
+    window: Mutex<Window>,
+}
+
+/// One second of floor candidates.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// The second (unix seconds) this window counts.
+    second: i64,
+    /// Whether a candidate met a full budget in it.
+    full: bool,
+    /// The threshold in force during it.
+    threshold: f64,
+}
+
+impl Default for FreshnessBudget {
+    fn default() -> Self {
+        FreshnessBudget {
+            inflight: AtomicU32::new(0),
+            window: Mutex::new(Window {
+                second: i64::MIN,
+                full: false,
+                threshold: 1.0,
+            }),
+        }
+    }
+}
+
+impl FreshnessBudget {
+    /// The floor a decision of a device's fix reads at `now`: `max_silence` (`None`: no
+    /// floor, and nothing else is read), the floor admissions in flight, the budget
+    /// ([`Floor::limit_of`] of `share` and `capacity`) and the threshold of this second.
+    pub fn floor(
+        &self,
+        max_silence: Option<Duration>,
+        share: f64,
+        capacity: u32,
+        now: UnixMillis,
+    ) -> Floor {
+        let Some(max) = max_silence else {
+            return Floor::OFF;
+        };
+        Floor {
+            max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
+            inflight: self.inflight.load(Ordering::Relaxed),
+            limit: Floor::limit_of(share, capacity),
+            threshold: self.roll(now).threshold,
+        }
+    }
+
+    /// The window of `now`'s second, moving the threshold when a second has passed.
+    fn roll(&self, now: UnixMillis) -> Window {
+        let second = now.0.div_euclid(1000);
+        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        if w.second != second {
+            // A gap of more than a second without candidates counts as seconds without a
+            // full budget: the threshold falls once per second passed.
+            let quiet = if w.second == i64::MIN {
+                0
+            } else {
+                (second - w.second - i64::from(w.full)).clamp(0, 16)
+            };
+            let mut threshold = w.threshold;
+            if w.full {
+                threshold = (threshold * THRESHOLD_STEP).min(MAX_THRESHOLD);
+            }
+            for _ in 0..quiet {
+                threshold = (threshold / THRESHOLD_STEP).max(1.0);
+            }
+            *w = Window {
+                second,
+                full: false,
+                threshold,
+            };
+        }
+        *w
+    }
+
+    /// Notes a floor candidate denied at `now` with `floor` as it read it: a full budget
+    /// raises the next second's threshold.
+    pub fn denied(&self, floor: &Floor, now: UnixMillis) {
+        if floor.inflight >= floor.limit {
+            self.roll(now);
+            self.window.lock().unwrap_or_else(|p| p.into_inner()).full = true;
+        }
+    }
+
+    /// Counts a floor admission in flight until the returned guard drops (when its response
+    /// body ends, or it is refused before).
+    pub fn start(self: &Arc<Self>) -> FloorGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        FloorGuard {
+            budget: Arc::clone(self),
+        }
+    }
+
+    /// Floor admissions in flight now.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+}
+
+/// One floor admission in flight; dropping it ends it.
+#[derive(Debug)]
+pub struct FloorGuard {
+    budget: Arc<FreshnessBudget>,
+}
+
+impl Drop for FloorGuard {
+    fn drop(&mut self) {
+        self.budget.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: Option<Duration> = Some(Duration::from_secs(5));
+
+    #[test]
+    fn a_full_budget_raises_the_threshold_and_room_lowers_it() {
+        let b = Arc::new(FreshnessBudget::default());
+        let at = |s: i64| UnixMillis(s * 1000 + 300);
+        let f = b.floor(MAX, 0.1, 10, at(0));
+        assert_eq!((f.limit, f.threshold), (1, 1.0));
+        let held = b.start();
+        let full = b.floor(MAX, 0.1, 10, at(0));
+        assert_eq!(full.inflight, 1);
+        b.denied(&full, at(0));
+        assert_eq!(b.floor(MAX, 0.1, 10, at(1)).threshold, 2.0);
+        b.denied(&b.floor(MAX, 0.1, 10, at(1)), at(1));
+        assert_eq!(b.floor(MAX, 0.1, 10, at(2)).threshold, 4.0);
+        drop(held);
+        assert_eq!(b.inflight(), 0);
+        // A second with room halves it; three seconds later it is back at 1.
+        assert_eq!(b.floor(MAX, 0.1, 10, at(3)).threshold, 2.0);
+        assert_eq!(b.floor(MAX, 0.1, 10, at(6)).threshold, 1.0);
+    }
+
+    #[test]
+    fn a_denial_below_the_budget_moves_nothing() {
+        let b = FreshnessBudget::default();
+        let f = b.floor(MAX, 0.5, 10, UnixMillis(0));
+        b.denied(&f, UnixMillis(0));
+        assert_eq!(b.floor(MAX, 0.5, 10, UnixMillis(1000)).threshold, 1.0);
+        assert_eq!(b.floor(None, 0.5, 10, UnixMillis(1000)), Floor::OFF);
+    }
+}
