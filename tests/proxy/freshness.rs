@@ -31,21 +31,33 @@ struct World {
 }
 
 async fn world(streams: &str, status: StatusCode) -> World {
+    world_with(streams, status, std::time::Duration::ZERO, |_| {}).await
+}
+
+/// As [`world`], the upstream answering after `delay`, the proxy's settings tweaked.
+async fn world_with(
+    streams: &str,
+    status: StatusCode,
+    delay: std::time::Duration,
+    tweak: impl FnOnce(&mut ServeArgs),
+) -> World {
     let now = Arc::new(AtomicI64::new(NOW.0));
     let upstream = MockUpstream::with(Behaviour {
         status,
+        delay,
         clock: Some(Arc::clone(&now)),
         ..Behaviour::default()
     })
     .await;
     let policy = PolicyDir::new(streams, None);
-    let args = ServeArgs {
+    let mut args = ServeArgs {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         admin_listen: Some("127.0.0.1:0".parse().unwrap()),
         upstream: Some(upstream.url()),
         policies: Some(policy.path().to_owned()),
         ..ServeArgs::default()
     };
+    tweak(&mut args);
     let clock = Arc::clone(&now);
     let sources = Sources::system().with_clock(move || UnixMillis(clock.load(Ordering::SeqCst)));
     let proxy = shedgate::app::start(Config::from_args(args).unwrap(), sources)
@@ -68,6 +80,11 @@ impl World {
 
     /// A fresh fix of `device` in Munich, stamped now.
     async fn fix(&self, device: &str) -> Answer {
+        send(self.request(device)).await
+    }
+
+    /// The request of [`World::fix`].
+    fn request(&self, device: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
         let t = time::OffsetDateTime::from_unix_timestamp_nanos(
             i128::from(self.now.load(Ordering::SeqCst)) * 1_000_000,
         )
@@ -78,7 +95,11 @@ impl World {
             r#"{{"device_id":"{device}","lat":{},"lon":{},"occurred_at":"{t}"}}"#,
             MUNICH.0, MUNICH.1
         );
-        post(&self.proxy, "vehicle.position", body).await
+        http::Request::post(format!("http://{}/ingest", self.proxy.proxy_addr))
+            .header("x-stream", "vehicle.position")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap()
     }
 }
 
@@ -162,4 +183,59 @@ async fn without_a_floor_or_a_device_the_curve_decides() {
     let body = format!(r#"{{"lat":{},"lon":{}}}"#, MUNICH.0, MUNICH.1);
     let a = post(&w.proxy, "vehicle.position", body).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// Floor admissions and denials replay exactly under their own policy: the line carries the
+/// device's delivery age and the floor's budget as the decision read them.
+#[tokio::test]
+async fn floor_decisions_replay_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    // A budget of one admission (a tenth of 10 in flight), and an upstream slow enough that
+    // fixes sent together meet it full.
+    let delay = std::time::Duration::from_millis(100);
+    let w = world_with(FLOORED, StatusCode::OK, delay, |a| {
+        a.access_log = Some(log.display().to_string());
+        a.max_inflight = Some(10);
+    })
+    .await;
+    for _ in 0..8 {
+        let mut sent = tokio::task::JoinSet::new();
+        for i in 0..6 {
+            let req = w.request(&format!("veh-{i}"));
+            sent.spawn(send(req));
+        }
+        while sent.join_next().await.is_some() {}
+        w.advance(1_000);
+    }
+    let World {
+        proxy,
+        _policy: policy,
+        ..
+    } = w;
+    let m = scrape(&proxy).await;
+    let denied = metric(
+        &m,
+        "shedgate_freshness_total",
+        &[("stream", "vehicle.position"), ("outcome", "denied")],
+    );
+    assert!(denied > 0.0, "no candidate met a full budget");
+    proxy.shutdown().await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("\"rule\":\"freshness\""), "{text}");
+    assert!(text.contains("\"since_delivered_ms\""), "{text}");
+    let decided = text.lines().filter(|l| l.contains("\"draw\"")).count();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
+        .args(["replay", "--log"])
+        .arg(&log)
+        .arg("--policies")
+        .arg(policy.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("{decided} reproduced, 0 mismatched")),
+        "{said}"
+    );
 }
