@@ -8,6 +8,13 @@
 //! same bound at their own shed share. Medians and worst over the seeds.
 //!
 //! Run: `cargo bench --bench devices` (about a minute once built).
+//!
+//! `cargo bench --bench devices -- --max-silence 20s [--share 0.1]`: the freshness floor
+//! instead. Each case by device twice in the same run (same seed, arrivals and places): the
+//! example policy with no floor, and with `max_silence` (and `freshness_share`) set on its
+//! streams that name devices. Per band: the p99 over its devices of the longest gap between
+//! admitted fixes both ways, and its floor demand (devices ÷ `max_silence`, fixes a second);
+//! goodput, admitted p99 and never-shed delivered both ways. Medians and worst over the seeds.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 
@@ -39,7 +46,59 @@ fn seeds() -> Vec<u64> {
     (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect()
 }
 
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// The example policy with the floor on (`max_silence` and `share` set on every stream that
+/// names its device) or off (`max_silence` removed), compiled from a copy.
+fn example_policy(floor: Option<(&str, f64)>) -> shedgate::policy::Policy {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let copy = tempfile::tempdir().expect("a temporary directory");
+    for entry in std::fs::read_dir(&dir).expect("policies/") {
+        let entry = entry.expect("an entry");
+        if entry.file_type().expect("a type").is_file() {
+            std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("a copy");
+        }
+    }
+    let streams = std::fs::read_to_string(dir.join("streams.toml")).expect("streams.toml");
+    let mut out: Vec<String> = streams
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("max_silence"))
+        .map(str::to_owned)
+        .collect();
+    if let Some((max_silence, share)) = floor {
+        out = out
+            .into_iter()
+            .flat_map(|l| {
+                let extra = l
+                    .trim_start()
+                    .starts_with("device =")
+                    .then(|| format!("max_silence = {max_silence:?}"));
+                std::iter::once(l).chain(extra)
+            })
+            .collect();
+        let at = out
+            .iter()
+            .position(|l| l.trim() == "[defaults]")
+            .expect("a [defaults] table");
+        out.insert(at + 1, format!("freshness_share = {share}"));
+    }
+    std::fs::write(copy.path().join("streams.toml"), out.join("\n")).expect("streams.toml");
+    shedgate::policy::load_dir(copy.path())
+        .expect("the example policy compiles")
+        .policy
+}
+
 fn main() {
+    if let Some(max_silence) = arg("--max-silence") {
+        let share = arg("--share").map_or(0.1, |s| s.parse().expect("a share"));
+        return floor(&max_silence, share);
+    }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
     let policy = Arc::new(shedgate::policy::load_dir(&dir).expect("policies/").policy);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -155,6 +214,95 @@ fn main() {
                 median(gap(true)),
                 worst(&gap(true)),
                 median(bound),
+            );
+        }
+    }
+}
+
+/// The freshness floor's figures: by device with no floor and with one, the same seeds.
+fn floor(max_silence: &str, share: f64) {
+    let off = Arc::new(example_policy(None));
+    let on = Arc::new(example_policy(Some((max_silence, share))));
+    let secs = humantime::parse_duration(max_silence)
+        .expect("a duration")
+        .as_secs_f64();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    let seeds = seeds();
+    println!(
+        "10,000 devices every 5 s; max_silence {max_silence}, freshness_share {share}; seeds \
+         {:?}..={:?}",
+        seeds[0],
+        seeds[seeds.len() - 1]
+    );
+    let cases = [
+        ("1 replica, 3x", 13, Replicas::one()),
+        ("1 replica, 10x", 4, Replicas::one()),
+        (
+            "4 replicas, 3x, in turn",
+            13,
+            Replicas::steady(4, Spread::RoundRobin),
+        ),
+        (
+            "4 replicas, 3x, by device",
+            13,
+            Replicas::steady(4, Spread::ByDevice),
+        ),
+    ];
+    for (name, workers, replicas) in cases {
+        let case = FleetCase {
+            devices: 10_000,
+            interval: INTERVAL,
+            workers,
+            replicas,
+        };
+        let runs: Vec<_> = seeds
+            .iter()
+            .map(|&seed| {
+                let a = runtime.block_on(run_fleet(&case, &off, true, seed));
+                let b = runtime.block_on(run_fleet(&case, &on, true, seed));
+                (a, b)
+            })
+            .collect();
+        println!("\n{name}:");
+        let col = |f: &dyn Fn(&shedgate::demo::sim::fleet::FleetFigures) -> f64, floored: bool| {
+            runs.iter()
+                .map(|(a, b)| f(if floored { b } else { a }))
+                .collect::<Vec<f64>>()
+        };
+        for floored in [false, true] {
+            let how = if floored { "floor on " } else { "floor off" };
+            let goodput = col(&|r| r.figures.goodput * 100.0, floored);
+            let p99 = col(&|r| r.figures.p99_ms, floored);
+            let never = col(&|r| r.figures.never_delivered * 100.0, floored);
+            println!(
+                "  {how}: goodput median {:.1}% lowest {:.1}%; p99 median {:.1} ms worst {:.1} ms; \
+                 never-shed delivered lowest {:.1}%",
+                median(goodput.clone()),
+                goodput.iter().copied().fold(f64::MAX, f64::min),
+                median(p99.clone()),
+                worst(&p99),
+                never.iter().copied().fold(f64::MAX, f64::min),
+            );
+        }
+        for b in 0..4 {
+            let devices = runs[0].1.gaps.iter().filter(|(_, band, _)| *band == b).count();
+            if devices == 0 {
+                continue;
+            }
+            let gap = |floored: bool| col(&|r| gap_quantile(&r.gaps, b, 0.99), floored);
+            #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
+            let demand = devices as f64 / secs;
+            println!(
+                "  {}: {devices} devices, floor demand {demand:.0} fixes/s; p99 longest gap \
+                 median {:.1} s off, {:.1} s on (worst {:.1} s)",
+                band_name(b),
+                median(gap(false)),
+                median(gap(true)),
+                worst(&gap(true)),
             );
         }
     }

@@ -212,6 +212,8 @@ struct Fleet {
     gauges: Vec<Arc<PressureGauge>>,
     /// Each replica's device table.
     tables: Vec<Arc<crate::devices::DeviceTable>>,
+    /// Each replica's freshness-floor budget (the policy's `max_silence` turns it on).
+    floors: Vec<Arc<crate::proxy::FreshnessBudget>>,
     /// Each replica's pressure at its last tick (0 once out of service).
     last: Vec<f64>,
     active: usize,
@@ -256,6 +258,7 @@ pub async fn run_scenario_phased(
     let fleet = Arc::new(Mutex::new(Fleet {
         gauges: Vec::new(),
         tables: Vec::new(),
+        floors: Vec::new(),
         last: Vec::new(),
         active: 0,
     }));
@@ -270,6 +273,8 @@ pub async fn run_scenario_phased(
             f.gauges.push(Arc::clone(&gauge));
             f.tables
                 .push(Arc::new(crate::devices::DeviceTable::new(1 << 20, wall)));
+            f.floors
+                .push(Arc::new(crate::proxy::FreshnessBudget::default()));
             f.last.push(0.0);
             let (fleet, report) = (Arc::clone(&fleet), Arc::clone(&report));
             let offset = TICK / 10 * u32::try_from((index * 7) % 10).unwrap_or(0);
@@ -353,11 +358,12 @@ pub async fn run_scenario_phased(
                 let replica = spread.pick(&mut turn, in_service, &mut rng);
                 (replica, event_of(&mut rng))
             };
-            let (gauge, table) = {
+            let (gauge, table, floors) = {
                 let f = fleet.lock().unwrap_or_else(|e| e.into_inner());
                 (
                     Arc::clone(&f.gauges[replica]),
                     Arc::clone(&f.tables[replica]),
+                    Arc::clone(&f.floors[replica]),
                 )
             };
             let draw = rng.f64();
@@ -373,17 +379,23 @@ pub async fn run_scenario_phased(
                 ambiguous: false,
                 device: None,
             };
-            let load = Load {
+            // A fix of a device of a sheddable stream: decided by the device's history, with
+            // the freshness floor of its stream's `max_silence`, as the proxy decides it.
+            let device = event
+                .device
+                .filter(|_| scenario.devices && !event.never)
+                .map(|d| crate::extract::DeviceId::of("sim", &d.to_string()));
+            let mut load = Load {
                 class_inflight: [0; 3],
                 total: gauge.inflight(),
                 capacity: gauge.capacity(),
                 floor: crate::admission::Floor::OFF,
             };
-            // A fix of a device of a sheddable stream: decided by the device's history.
-            let device = event
-                .device
-                .filter(|_| scenario.devices && !event.never)
-                .map(|d| crate::extract::DeviceId::of("sim", &d.to_string()));
+            if device.is_some() {
+                let max_silence = event.stream.and_then(|id| policy.max_silence(id, None));
+                load.floor =
+                    floors.floor(max_silence, policy.freshness_share(), load.capacity, now_wall);
+            }
             let pressure = gauge.admission_pressure();
             let decide_with = |history| {
                 decide(
@@ -417,6 +429,11 @@ pub async fn run_scenario_phased(
                         .0
                 }
             };
+            if decision.floor == Some(crate::admission::FloorVerdict::Denied) {
+                floors.denied(&load.floor, now_wall);
+            }
+            let floor_guard =
+                (decision.rule == crate::admission::Rule::Freshness).then(|| floors.start());
             let sec = second_of(Instant::now());
             let admitted = !matches!(decision.verdict, Verdict::Shed(_));
             {
@@ -448,7 +465,7 @@ pub async fn run_scenario_phased(
             let timeout = scenario.timeout;
             let load_reports = scenario.load_reports;
             tasks.push(tokio::spawn(async move {
-                let _inflight = gauge.start();
+                let _inflight = (gauge.start(), floor_guard);
                 let began = Instant::now();
                 let outcome = tokio::time::timeout(timeout, sim.serve_for(event.service)).await;
                 let done = Instant::now();
