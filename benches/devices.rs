@@ -289,7 +289,12 @@ fn floor(max_silence: &str, share: f64) {
             );
         }
         for b in 0..4 {
-            let devices = runs[0].1.gaps.iter().filter(|(_, band, _)| *band == b).count();
+            let devices = runs[0]
+                .1
+                .gaps
+                .iter()
+                .filter(|(_, band, _)| *band == b)
+                .count();
             if devices == 0 {
                 continue;
             }

@@ -1,9 +1,9 @@
 //! The device table: what this replica remembers of each device, the history its decisions
 //! read (docs/decision.md "Devices"; [`crate::admission::DeviceHistory`]).
 //!
-//! Bounded and safe: room for `--max-devices` devices at 43 bytes each (a 32-byte entry, a
+//! Bounded and safe: room for `--max-devices` devices at 54 bytes each (a 40-byte entry, a
 //! quarter of the room kept free so that two-choice sets rarely overflow: 1 million devices in
-//! 43 MiB), starting small and growing on demand, so an idle proxy's memory does not move; keyed by the
+//! 54 MiB), starting small and growing on demand, so an idle proxy's memory does not move; keyed by the
 //! per-process keyed hash of the device's id ([`crate::extract::DeviceId`]), so ids a client
 //! chooses cannot collide on purpose; when full, the device silent longest in its set is
 //! evicted (counted). Each replica keeps its own: a balancer that hashes by device sends one
@@ -32,12 +32,12 @@ pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
 /// Bytes the table takes per device of `--max-devices`: its entry and a third more of room,
 /// rounded up.
 pub const BYTES_PER_DEVICE: usize = (ENTRY_BYTES * 4).div_ceil(3);
-/// The default `--max-devices`: 1 million devices, 43 MiB at most.
+/// The default `--max-devices`: 1 million devices, 54 MiB at most.
 pub const DEFAULT_MAX_DEVICES: usize = 1 << 20;
 /// Smoothing step of a device's report interval (a quarter of each new gap).
 const INTERVAL_STEP: f64 = 0.25;
 
-/// One device: 32 bytes. Times are deciseconds since the table's epoch, plus one (0: never),
+/// One device: 40 bytes (36 of fields, padded to the key's alignment). Times are deciseconds since the table's epoch, plus one (0: never),
 /// so a `u32` spans 13 years.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[repr(C)]

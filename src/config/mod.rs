@@ -129,9 +129,9 @@ pub struct ServeArgs {
     /// [default: 32768, nginx's 4 × 8 KiB].
     #[arg(long, value_name = "BYTES")]
     pub max_head: Option<usize>,
-    /// Most devices this replica remembers (43 bytes of room each; the table starts small and grows
+    /// Most devices this replica remembers (54 bytes of room each; the table starts small and grows
     /// as devices come); past it, the longest-silent device of a set is forgotten
-    /// [default: 1048576, 43 MiB at most].
+    /// [default: 1048576, 54 MiB at most].
     #[arg(long, value_name = "N")]
     pub max_devices: Option<usize>,
     /// Write one JSON line per answered request to this file (`-`: standard output), off the

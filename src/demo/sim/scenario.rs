@@ -393,8 +393,12 @@ pub async fn run_scenario_phased(
             };
             if device.is_some() {
                 let max_silence = event.stream.and_then(|id| policy.max_silence(id, None));
-                load.floor =
-                    floors.floor(max_silence, policy.freshness_share(), load.capacity, now_wall);
+                load.floor = floors.floor(
+                    max_silence,
+                    policy.freshness_share(),
+                    load.capacity,
+                    now_wall,
+                );
             }
             let pressure = gauge.admission_pressure();
             let decide_with = |history| {
