@@ -37,8 +37,8 @@ pub const DEFAULT_MAX_DEVICES: usize = 1 << 20;
 /// Smoothing step of a device's report interval (a quarter of each new gap).
 const INTERVAL_STEP: f64 = 0.25;
 
-/// One device: 40 bytes (36 of fields, padded to the key's alignment). Times are deciseconds since the table's epoch, plus one (0: never),
-/// so a `u32` spans 13 years.
+/// One device: 40 bytes (36 of fields, padded to the key's alignment). Times are deciseconds
+/// since the table's epoch, plus one (0: never), so a `u32` spans 13 years.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[repr(C)]
 struct Entry {
