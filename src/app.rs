@@ -303,6 +303,8 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     let mut last = tokio::time::Instant::now();
     let mut upkeep = 0u32;
     let mut shedding = 0.0f64;
+    // The devices past their floor, counted a tenth of the table each second.
+    let (mut floor_part, mut past_floor) = (0usize, 0u64);
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -343,6 +345,16 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
                 m.device_table_bytes.set(parts.devices.bytes() as f64);
             }
             m.device_evictions.absolute(parts.devices.evictions());
+            let per_part = crate::devices::SHARDS.div_ceil(10);
+            let from = floor_part * per_part;
+            let to = (from + per_part).min(crate::devices::SHARDS);
+            past_floor += parts.devices.past_floor(from..to, now);
+            floor_part += 1;
+            if to == crate::devices::SHARDS {
+                #[expect(clippy::cast_precision_loss, reason = "counts below 2^52")]
+                m.devices_past_floor.set(past_floor as f64);
+                (floor_part, past_floor) = (0, 0);
+            }
         }
         if upkeep >= 100 {
             upkeep = 0;

@@ -24,7 +24,7 @@ use crate::clock::UnixMillis;
 use crate::extract::DeviceId;
 
 /// Shards of the table (by the top bits of a device's key).
-const SHARDS: usize = 64;
+pub const SHARDS: usize = 64;
 /// Devices per set.
 const WAYS: usize = 8;
 /// Bytes of one device's entry.
@@ -62,6 +62,9 @@ struct Entry {
     /// When the upstream last answered 2xx to one of its fixes, by the proxy's clock (its
     /// silence, for the freshness floor).
     last_delivered: u32,
+    /// The `max_silence` of its last fresh fix, deciseconds rounded up (0: none; at most 109
+    /// minutes), to count the devices past their floor ([`DeviceTable::past_floor`]).
+    max_silence: u16,
 }
 
 const _: () = assert!(ENTRY_BYTES == 40);
@@ -358,6 +361,9 @@ impl DeviceTable {
             }
         }
         e.last_seen = tick;
+        e.max_silence = decision.max_silence_ms.map_or(0, |ms| {
+            u16::try_from(ms.max(1).div_euclid(100) + i64::from(ms % 100 != 0)).unwrap_or(u16::MAX)
+        });
         #[expect(clippy::cast_possible_truncation, reason = "credit in 65,536ths")]
         #[expect(clippy::cast_sign_loss, reason = "a credit in [0, 1)")]
         {
@@ -426,6 +432,31 @@ impl DeviceTable {
         (previous != 0).then(|| {
             std::time::Duration::from_millis(u64::from(tick.saturating_sub(previous)) * 100)
         })
+    }
+
+    /// Devices past their freshness floor at `now`, in shards `shards` (of [`SHARDS`]): still
+    /// sending (a fresh fix arrived within their `max_silence`) and none delivered within it.
+    /// Work is bounded by the part of the table asked for: the metrics task counts the table a
+    /// tenth at a time, one lock of a shard at a time.
+    pub fn past_floor(&self, shards: std::ops::Range<usize>, now: UnixMillis) -> u64 {
+        let tick = self.tick(now);
+        let mut past = 0;
+        let shards = shards.start.min(SHARDS)..shards.end.min(SHARDS);
+        for shard in self.shards.get(shards).unwrap_or_default() {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            past += shard
+                .entries
+                .iter()
+                .filter(|e| {
+                    let floor = u32::from(e.max_silence);
+                    e.key != 0
+                        && floor != 0
+                        && tick.saturating_sub(e.last_seen) <= floor
+                        && (e.last_delivered == 0 || tick.saturating_sub(e.last_delivered) > floor)
+                })
+                .count() as u64;
+        }
+        past
     }
 
     /// What the table remembers of one device at `now`.

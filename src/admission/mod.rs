@@ -216,6 +216,9 @@ pub struct Decision {
     /// What the freshness floor did, when the curve shed a fix of a device silent past its
     /// `max_silence` ([`Floor::check`]).
     pub floor: Option<FloorVerdict>,
+    /// The `max_silence` of a fresh fix of a device, milliseconds, when it has one: the device
+    /// table keeps it to count the devices past their floor.
+    pub max_silence_ms: Option<i64>,
 }
 
 /// What the proxy's table remembers of the request's device (docs/decision.md "Devices"): an
@@ -387,6 +390,7 @@ impl Decision {
             device: None,
             credit: None,
             floor: None,
+            max_silence_ms: None,
         }
     }
 }
@@ -553,6 +557,7 @@ pub fn decide(
     };
     // The freshness floor overrides the curve only: a device silent past its
     // `max_silence` is admitted within the floor's budget; budgets still apply.
+    decision.max_silence_ms = device.and(load.floor.max_silence_ms);
     decision.floor = device
         .filter(|_| pressure_shed)
         .and_then(|d| load.floor.check(&d));

@@ -24,6 +24,7 @@ fn decision(admitted: bool, credit: f64) -> Decision {
         device: None,
         credit: Some(credit),
         floor: None,
+        max_silence_ms: None,
     }
 }
 
@@ -204,4 +205,33 @@ fn the_newest_delivered_position_is_kept_with_its_time() {
 fn the_same_id_on_two_scopes_is_two_devices() {
     assert_ne!(DeviceId::of("/a", "7"), DeviceId::of("/b", "7"));
     assert_eq!(DeviceId::of("/a", "7"), DeviceId::of("/a", "7"));
+}
+
+/// A device past its floor is one still sending (a fresh fix within its `max_silence`) that
+/// none was delivered of within it: counted over the shards asked for, never a device gone
+/// quiet or one without a floor.
+#[test]
+fn devices_past_their_floor_are_those_still_sending_and_not_delivered() {
+    let t = DeviceTable::new(1000, UnixMillis(0));
+    let all = 0..SHARDS;
+    let floored = |ms| Decision {
+        max_silence_ms: Some(ms),
+        ..decision(false, 0.5)
+    };
+    let (a, b) = (DeviceId::of("/r", "a"), DeviceId::of("/r", "b"));
+    t.record(a, UnixMillis(0), &floored(5_000));
+    t.record(b, UnixMillis(0), &decision(false, 0.5));
+    // Never delivered and just seen: past its floor; `b` has none.
+    assert_eq!(t.past_floor(all.clone(), UnixMillis(1_000)), 1);
+    t.delivered(a, None, None, UnixMillis(2_000), UnixMillis(2_000));
+    assert_eq!(t.past_floor(all.clone(), UnixMillis(3_000)), 0);
+    // Quiet for longer than its floor: no longer sending, not counted.
+    assert_eq!(t.past_floor(all.clone(), UnixMillis(8_000)), 0);
+    // Sending again, 6.5 s after its last delivery: past it.
+    t.record(a, UnixMillis(8_500), &floored(5_000));
+    assert_eq!(t.past_floor(all, UnixMillis(8_500)), 1);
+    // The shards asked for bound the count (and the work).
+    let empty = 0..0;
+    assert_eq!(t.past_floor(empty, UnixMillis(8_500)), 0);
+    assert_eq!(t.past_floor(0..SHARDS + 4, UnixMillis(8_500)), 1);
 }

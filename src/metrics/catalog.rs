@@ -74,6 +74,9 @@ pub const FRESHNESS: &str = "shedgate_freshness_total";
 /// The silence each delivered fix ended, seconds, by `stream`: the time since its device's
 /// previous delivered fix, by the proxy's clock (docs/decision.md "Devices").
 pub const DEVICE_SILENCE: &str = "shedgate_device_silence_seconds";
+/// Devices past their freshness floor now: still sending (a fresh fix within their
+/// `max_silence`) and none delivered within it; counted a tenth of the table a second.
+pub const DEVICES_PAST_FLOOR: &str = "shedgate_devices_past_floor";
 /// Devices the replica's device table remembers now.
 pub const DEVICES: &str = "shedgate_devices";
 /// Bytes the device table takes now (40 a device, grown in steps; room for `--max-devices` at
@@ -246,6 +249,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         DEVICE_SILENCE,
         "histogram",
         "The silence each delivered fix ended (time since its device's previous delivered fix), seconds, by stream.",
+    ),
+    (
+        DEVICES_PAST_FLOOR,
+        "gauge",
+        "Devices past their freshness floor: still sending (a fresh fix within max_silence) and none delivered within it.",
     ),
     (
         DEVICES,

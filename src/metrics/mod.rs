@@ -255,6 +255,8 @@ pub struct Metrics {
     pub parked_connections: Gauge,
     /// [`DEVICES`].
     pub devices: Gauge,
+    /// [`DEVICES_PAST_FLOOR`].
+    pub devices_past_floor: Gauge,
     /// [`DEVICE_TABLE_BYTES`].
     pub device_table_bytes: Gauge,
     /// [`DEVICE_EVICTIONS`].
@@ -339,6 +341,7 @@ impl Metrics {
             load_reports,
             parked_connections: gauge(PARKED_CONNECTIONS),
             devices: gauge(DEVICES),
+            devices_past_floor: gauge(DEVICES_PAST_FLOOR),
             device_table_bytes: gauge(DEVICE_TABLE_BYTES),
             device_evictions: counter(DEVICE_EVICTIONS, vec![]),
             access_log_lines: counter(ACCESS_LOG_LINES, vec![]),

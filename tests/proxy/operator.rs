@@ -58,6 +58,8 @@ fn the_grafana_dashboard_queries_only_declared_metrics() {
         "shedgate_upstream_latency_seconds_bucket",
         "shedgate_policy_info",
         "shedgate_policy_reloads_total",
+        "shedgate_devices_past_floor",
+        "shedgate_freshness_total",
         "shedgate_disabled_until_timestamp_seconds",
     ] {
         assert!(named.contains(wanted), "no panel shows {wanted}");
