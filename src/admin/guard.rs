@@ -359,7 +359,7 @@ fn addressed(
 fn host_served(authority: &str, access: &AdminAccess) -> bool {
     // `port = *DIGIT` (RFC 3986 section 3.2.3): empty is allowed.
     let port_ok = |p: &str| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit());
-    let served_ip = |ip: IpAddr| !ip.is_unspecified();
+    let served_ip = |ip: IpAddr| !ip.to_canonical().is_unspecified();
     if let Some(rest) = authority.strip_prefix('[') {
         return rest.split_once(']').is_some_and(|(v6, after)| {
             (after.is_empty() || after.strip_prefix(':').is_some_and(port_ok))

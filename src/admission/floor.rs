@@ -57,10 +57,15 @@ impl Floor {
 
     /// The floor's verdict on a fresh fix the curve sheds, of a device with `history`;
     /// `None` when the floor does not apply (no floor, or the device delivered within its
-    /// `max_silence`). A device this replica has never delivered counts as silent.
+    /// `max_silence`). A device this replica has never delivered counts as silent, but only
+    /// just past its floor: while the budget binds, devices truly silent longer go first (ids
+    /// new to this replica, after a restart or from a sender that changes its id, would
+    /// otherwise outrank them all).
     pub fn check(&self, history: &DeviceHistory) -> Option<FloorVerdict> {
         let max = self.max_silence_ms?;
-        let silence = history.since_delivered_ms.unwrap_or(i64::MAX);
+        let silence = history
+            .since_delivered_ms
+            .unwrap_or_else(|| max.saturating_add(1));
         if silence <= max {
             return None;
         }
@@ -101,11 +106,17 @@ mod tests {
             FIVE_S.check(&silent_for(Some(5_001))),
             Some(FloorVerdict::Admitted)
         );
-        // Never delivered by this replica: silent.
+        // Never delivered by this replica: silent, but only just past its floor, so a binding
+        // budget takes devices silent longer first.
         assert_eq!(
             FIVE_S.check(&silent_for(None)),
             Some(FloorVerdict::Admitted)
         );
+        let binding = Floor {
+            threshold: 2.0,
+            ..FIVE_S
+        };
+        assert_eq!(binding.check(&silent_for(None)), Some(FloorVerdict::Denied));
         assert_eq!(Floor::OFF.check(&silent_for(None)), None);
     }
 

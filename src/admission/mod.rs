@@ -565,6 +565,8 @@ pub fn decide(
     if pressure_shed && !floored {
         shed(&mut decision, Rule::Pressure, ShedReason::Pressure);
     } else if load.over_budget(stream.class, class) {
+        // Its class's budget sheds it, floor or not: the floor admitted nothing.
+        decision.floor = None;
         shed(&mut decision, Rule::Budget, ShedReason::Budget);
     } else if floored {
         decision.rule = Rule::Freshness;

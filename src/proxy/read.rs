@@ -226,6 +226,7 @@ where
         &snapshot,
         &Live {
             stream: stream.map(|id| policy.stream_policy(id).name.as_str()),
+            route: route.map(|i| policy.routes()[i].prefix.as_str()),
             facts: &facts,
             now,
             local: local_now,

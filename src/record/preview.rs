@@ -39,6 +39,9 @@ pub struct Preview {
 pub struct Live<'a> {
     /// The stream's name, when the live policy names it.
     pub stream: Option<&'a str>,
+    /// The route's prefix, when a live route matched (the candidate's own route of it sets
+    /// its `max_silence`).
+    pub route: Option<&'a str>,
     /// The facts read.
     pub facts: &'a Facts,
     /// `now`, corrected as the live decision's.
@@ -51,7 +54,7 @@ pub struct Live<'a> {
     pub pinned: bool,
     /// The live draw.
     pub draw: f64,
-    /// The live load.
+    /// The live load (its freshness floor the live policy's: the candidate's is its own).
     pub load: Load,
     /// The device, and the live table's history of it.
     pub device: Option<(DeviceId, Option<DeviceHistory>)>,
@@ -128,9 +131,23 @@ impl Preview {
         } else {
             schedule_floor(policy, live.local, live.pressure_raw).0
         };
+        // The candidate's freshness floor: its own `max_silence` and share, over the live
+        // floor's admissions in flight and threshold.
+        let mut load = live.load;
+        load.floor = match stream.and_then(|id| {
+            let route = live.route.and_then(|p| policy.route_index(p));
+            policy.max_silence(id, route)
+        }) {
+            Some(max) if live.device.is_some() => crate::admission::Floor {
+                max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
+                limit: crate::admission::Floor::limit_of(policy.freshness_share(), load.capacity),
+                ..live.load.floor
+            },
+            _ => crate::admission::Floor::OFF,
+        };
         let decide_with = |history: Option<DeviceHistory>| {
             decide(
-                policy, stream, live.facts, live.now, pressure, live.draw, &live.load, history,
+                policy, stream, live.facts, live.now, pressure, live.draw, &load, history,
             )
         };
         let decision: Decision = match live.device {
@@ -138,15 +155,17 @@ impl Preview {
             Some((id, live_history)) => {
                 self.devices
                     .decide_with(id, live.local, |shadow| {
-                        // The shadow's own credit and admissions; what the upstream took is
-                        // the live table's (the shadow delivers nothing). A device new to the
-                        // shadow starts from its live history.
+                        // The shadow's own credit and admissions; what the upstream took, and
+                        // when, is the live table's (the shadow delivers nothing). A device new
+                        // to the shadow starts from its live history.
                         let delivered = live_history.and_then(|h| h.newest_delivered);
+                        let since_delivered = live_history.and_then(|h| h.since_delivered_ms);
                         let start = shadow
                             .or(live_history)
                             .unwrap_or_else(|| DeviceHistory::new(live.draw));
                         decide_with(Some(DeviceHistory {
                             newest_delivered: delivered,
+                            since_delivered_ms: since_delivered,
                             ..start
                         }))
                     })

@@ -239,3 +239,38 @@ async fn floor_decisions_replay_exactly() {
         "{said}"
     );
 }
+
+/// A preview decides with the candidate's floor over the live deliveries: the live policy
+/// previewed against itself counts every decision the same, and a candidate without the floor
+/// sheds what the floor admitted.
+#[tokio::test]
+async fn a_preview_decides_with_the_candidates_floor() {
+    let no_floor = FLOORED.replace("max_silence = \"5s\"\n", "");
+    for (candidate, admitted) in [(FLOORED, 9.0), (no_floor.as_str(), 0.0)] {
+        let w = world(FLOORED, StatusCode::OK).await;
+        let body = serde_json::json!({"files": {"streams.toml": candidate}, "seconds": 600});
+        let req = http::Request::post(format!("http://{}/policy/preview", w.proxy.admin_addr))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
+            .unwrap();
+        let started = send(req).await;
+        assert_eq!(started.status, StatusCode::OK, "{:?}", started.body);
+        for _ in 0..16 {
+            for d in ["veh-1", "veh-2", "veh-3"] {
+                w.fix(d).await;
+            }
+            w.advance(1_000);
+        }
+        let report = admin_get(&w.proxy, "/policy/preview").await.json();
+        let row = &report["rows"].as_array().unwrap()[0];
+        assert_eq!(row["then_admitted"].as_f64(), Some(9.0), "{report:#}");
+        assert_eq!(row["now_admitted"].as_f64(), Some(admitted), "{report:#}");
+        assert_eq!(
+            row["now_shed"].as_f64(),
+            Some(48.0 - admitted),
+            "{report:#}"
+        );
+    }
+}
