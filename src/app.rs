@@ -16,6 +16,7 @@ use tower::{Service, ServiceBuilder};
 use crate::admin::{self, AdminState};
 use crate::clock::Sources;
 use crate::config::Config;
+use crate::edge::descriptors::{self, Descriptors, Listener};
 use crate::edge::rejection::Body;
 use crate::edge::serve::{self, LameDuck};
 use crate::live::PolicyStore;
@@ -62,6 +63,9 @@ pub struct Parts {
     pub devices: Arc<crate::devices::DeviceTable>,
     /// The access log (`--access-log`) and the policy preview.
     pub records: crate::record::Records,
+    /// The sockets held against the open-files limit, and the idle connections closed first
+    /// when they run low.
+    pub descriptors: Arc<Descriptors>,
 }
 
 /// Builds the request stack, outermost layer first.
@@ -92,15 +96,18 @@ pub fn build_stack(
         // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the
         // mapping of client failures to 502/504/408/413 responses (never errors that would
         // make hyper drop the client's connection).
-        .service(Proxy::new(
-            &config.upstream,
-            config.upstream_timeout,
-            config.connect_timeout,
-            config.max_body,
-            config.host_header,
-            &config.trusted_proxies,
-            config.upstream_header_case,
-        ))
+        .service(
+            Proxy::new(
+                &config.upstream,
+                config.upstream_timeout,
+                config.connect_timeout,
+                config.max_body,
+                config.host_header,
+                &config.trusted_proxies,
+                config.upstream_header_case,
+            )
+            .with_descriptors(Arc::clone(&parts.descriptors)),
+        )
 }
 
 /// A running proxy.
@@ -190,6 +197,7 @@ pub async fn start_with(
                 .transpose()?,
             preview: Arc::default(),
         },
+        descriptors: Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics)))),
     };
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
@@ -232,6 +240,8 @@ pub async fn start_with(
                 log: Arc::clone(log),
                 store: Arc::clone(&parts.store),
             }),
+        descriptors: Arc::clone(&parts.descriptors),
+        listener: Listener::Proxy,
     };
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(serve::serve(
@@ -263,6 +273,7 @@ pub async fn start_with(
         serve::Connections {
             metrics: None,
             refusals: None,
+            listener: Listener::Admin,
             ..connections
         },
         shutdown_rx.clone(),
@@ -363,13 +374,21 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-/// Runs until SIGTERM or SIGINT (Ctrl-C), then shuts down gracefully. `signals` were installed
+/// Raises the open-files soft limit to the hard one (`edge::descriptors`), then runs until
+/// SIGTERM or SIGINT (Ctrl-C), then shuts down gracefully. `signals` were installed
 /// at the first line of `main`: a SIGTERM that came while the policy compiled has exited the
 /// process already, and SIGHUPs that came then are one reload once the watcher runs.
 ///
 /// # Errors
 /// As [`start`].
 pub async fn serve(config: Config, signals: Signals) -> Result<(), StartError> {
+    // Before the listeners and the policy are opened: the soft open-files limit raised.
+    descriptors::raise_and_log(
+        config
+            .controller
+            .max_inflight
+            .map(std::num::NonZeroU32::get),
+    );
     let (running, warnings) = start_with(config, Sources::default(), &signals).await?;
     for w in warnings {
         tracing::warn!("{w}");

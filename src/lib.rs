@@ -50,7 +50,8 @@
 //! - [`record`]: every decision on record — the access log (one JSON line per answer,
 //!   written off the request path), the replay of a log under a policy, and the preview of a
 //!   candidate policy decided in shadow.
-//! - [`edge`]: client connections (accept, timeouts, idle connections parked, drain), the
+//! - [`edge`]: client connections (accept, timeouts, idle connections parked, drain, the
+//!   open-files limit and the idle connections closed first when descriptors run low), the
 //!   request-smuggling guard on each connection's raw bytes, the one place where reasons
 //!   become statuses, `Retry-After` and problem+json, and the access-log line of a head
 //!   hyper's parser refused (`edge::refusal`).

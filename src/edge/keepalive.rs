@@ -32,6 +32,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use super::descriptors::Reuse;
 use super::framing::Progress;
 
 /// How long a client connection waits between requests before it is parked. A connection
@@ -64,6 +65,9 @@ pub struct Activity {
     /// Whether the request last handed to the service was HTTP/1.0 (its answer is the next
     /// one given: see [`Activity::response`]).
     http10: AtomicBool,
+    /// The connection's place among the reusable ones, closed first when descriptors run
+    /// low (`edge::descriptors`).
+    pub reuse: Reuse,
 }
 
 impl Activity {
@@ -78,6 +82,7 @@ impl Activity {
             parking: AtomicBool::new(false),
             write_blocked: AtomicBool::new(false),
             http10: AtomicBool::new(false),
+            reuse: Reuse::default(),
         }
     }
 

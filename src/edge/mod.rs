@@ -1,7 +1,9 @@
-//! The edge: serving client connections (accept, timeouts, drain), the connection-level
-//! framing guard, request-target and `Host` hygiene, the one place where rejections
-//! become responses, and the access-log line of a head hyper's parser answered itself.
+//! The edge: serving client connections (accept, timeouts, drain, descriptors), the
+//! connection-level framing guard, request-target and `Host` hygiene, the one place where
+//! rejections become responses, and the access-log line of a head hyper's parser answered
+//! itself.
 
+pub mod descriptors;
 pub mod framing;
 pub mod keepalive;
 pub mod lifecycle;

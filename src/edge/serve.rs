@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::Service;
 
+use super::descriptors::{Backoff, Descriptors, Listener};
 use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong, Progress};
 use super::keepalive::{Activity, Answer, PARK_AFTER};
 use super::lifecycle::ClientIo;
@@ -102,6 +103,10 @@ pub struct Connections {
     pub metrics: Option<Arc<Metrics>>,
     /// Where heads hyper refused are written (`None`: no access log, or the admin listener).
     pub refusals: Option<super::refusal::Refusals>,
+    /// The process's descriptors, shared by both listeners and the upstream pool.
+    pub descriptors: Arc<Descriptors>,
+    /// Which listener this is: the proxy listener keeps the descriptors' reserve free.
+    pub listener: Listener,
 }
 
 /// Accepts connections until `shutdown`, then lets in-flight requests finish (idle
@@ -141,15 +146,19 @@ pub async fn serve<S, B>(
         lame_duck: settings.lame_duck.clone(),
         metrics: settings.metrics.clone(),
         refusals: settings.refusals.clone(),
+        descriptors: Arc::clone(&settings.descriptors),
         draining: AtomicBool::new(false),
         drain: std::array::from_fn(|_| Notify::new()),
     });
     // Connections accepted, modulo 256: each waits for the drain on its own count's shard.
     let mut shard: u8 = 0;
     let mut connections = JoinSet::new();
+    let descriptors = &settings.descriptors;
+    // Set after a failed accept: the wait before the next one (`edge::descriptors`).
+    let mut backoff: Option<Backoff> = None;
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = descriptors.accept(&listener, settings.listener, &mut backoff) => accepted,
             Some(done) = connections.join_next(), if !connections.is_empty() => {
                 log_panic(done);
                 continue;
@@ -162,21 +171,25 @@ pub async fn serve<S, B>(
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Out of file descriptors and the like: idle connections are closed, or
+                // accepting pauses, instead of spinning.
+                backoff = Some(descriptors.accept_failed(&e, settings.listener));
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
         shard = shard.wrapping_add(1);
-        connections.spawn(connection(
+        let activity = Arc::new(Activity::new());
+        let client = descriptors.accepted(&activity);
+        let served = connection(
             stream,
             peer,
             Arc::clone(&shared),
             shard,
             &settings,
-        ));
+            activity,
+        );
+        connections.spawn(client.serving(served));
     }
     drop(listener);
     reap(&mut connections);
@@ -226,6 +239,8 @@ struct Shared<S> {
     metrics: Option<Arc<Metrics>>,
     /// Where heads hyper refused are written (`None`: no access log, or the admin listener).
     refusals: Option<super::refusal::Refusals>,
+    /// The process's descriptors: idle connections are queued there as reusable.
+    descriptors: Arc<Descriptors>,
     /// Set when the drain begins, with every `drain` shard notified. A waiting
     /// [`Notified`](tokio::sync::futures::Notified) future is 64 bytes of every connection's
     /// task where a `watch` receiver's `changed()` is 120 and its `wait_for` 160.
@@ -267,7 +282,8 @@ impl<S> Shared<S> {
 /// guard and the lifecycle, parked after [`PARK_AFTER`] between requests (its buffers freed,
 /// see `edge::keepalive`) and resumed when the client sends again, closed at the idle
 /// timeout, and closed gracefully when the listener's drain begins (idle: at once; in
-/// flight: after the answer).
+/// flight: after the answer). While it waits for a request (accepted, or parked) it is
+/// queued as reusable and closed if told to, when descriptors run low (`edge::descriptors`).
 ///
 /// The returned future is the connection's task for as long as it lives, parked or not, so
 /// its size is memory per idle connection. Parked, it holds the framing guard (the socket and
@@ -286,6 +302,7 @@ fn connection<S, B>(
     shared: Arc<Shared<S>>,
     shard: u8,
     settings: &Connections,
+    activity: Arc<Activity>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
@@ -298,7 +315,6 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let activity = Arc::new(Activity::new());
     // The framing guard reads each request head on the raw bytes, before hyper
     // normalises what a smuggling attempt would show (see `framing`).
     let (mut guard, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
@@ -347,6 +363,21 @@ where
                             parking = false;
                             activity.set_parking(false);
                             conn.as_mut().graceful_shutdown();
+                        }
+                        // Told to close to free a descriptor: closed if still between
+                        // requests (a fresh connection), kept if a request has begun.
+                        () = activity.reuse.evicted(), if !draining => {
+                            if activity.between_requests(verdicts.progress()) {
+                                draining = true;
+                                parking = false;
+                                activity.set_parking(false);
+                                conn.as_mut().graceful_shutdown();
+                                if let Some(m) = &shared.metrics {
+                                    m.connection_closed(CloseReason::Descriptors);
+                                }
+                            } else {
+                                shared.descriptors.declined(&activity);
+                            }
                         }
                     }
                 };
@@ -424,6 +455,7 @@ where
                 .as_mut()
                 .reset(activity.idle_since() + shared.idle_timeout);
             let _parked = shared.metrics.as_deref().map(Parked::new);
+            shared.descriptors.reusable(&activity);
             let socket = guard.get_ref().inner();
             // `poll_read_ready` rather than `readable()`, whose future is 152 bytes more of
             // every parked task (nothing else reads the socket while it is parked).
@@ -432,6 +464,7 @@ where
                     if ready.is_err() {
                         return;
                     }
+                    shared.descriptors.in_use(&activity);
                 }
                 () = timer.as_mut() => {
                     if let Some(m) = &shared.metrics {
@@ -440,6 +473,12 @@ where
                     return;
                 }
                 () = shared.drained(shard) => return,
+                () = activity.reuse.evicted() => {
+                    if let Some(m) = &shared.metrics {
+                        m.connection_closed(CloseReason::Descriptors);
+                    }
+                    return;
+                }
             }
         }
     }
@@ -487,9 +526,11 @@ where
     let svc = tower::util::MapRequest::new(shared.stack.clone(), {
         let verdicts = verdicts.clone();
         let activity = Arc::clone(activity);
+        let descriptors = Arc::clone(&shared.descriptors);
         let info = ClientInfo::new(peer);
         move |mut req: Request<Incoming>| {
             activity.request(req.version());
+            descriptors.in_use(&activity);
             req.extensions_mut().insert(info.clone());
             match verdicts.next() {
                 Some(HeadVerdict::Framing(why)) => {

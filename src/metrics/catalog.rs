@@ -93,6 +93,11 @@ pub const DEVICE_UNTRUSTED: &str = "shedgate_device_untrusted_total";
 /// (`http2_preface`: answered `GOAWAY` `HTTP_1_1_REQUIRED`; `tls_client_hello`): a peer is
 /// told this port speaks h2c or HTTPS.
 pub const PROTOCOL_MISMATCHES: &str = "shedgate_client_protocol_mismatches_total";
+/// Times the proxy found its open-file descriptors short, by `reason`
+/// ([`DescriptorShortage`](super::DescriptorShortage)): `reserve` (the sockets held reached
+/// the soft limit less its reserve: idle connections closed before accepting), `accept`,
+/// `admin_accept`, `upstream_connect` (`EMFILE` or `ENFILE` there).
+pub const DESCRIPTOR_SHORTAGES: &str = "shedgate_descriptor_shortages_total";
 /// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
 /// (`edge::keepalive`).
 pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
@@ -233,7 +238,14 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         CONNECTION_CLOSES,
         "counter",
         "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
-         early_answer, lame_duck, drain_cut).",
+         early_answer, lame_duck, drain_cut, descriptors).",
+    ),
+    (
+        DESCRIPTOR_SHORTAGES,
+        "counter",
+        "Times open-file descriptors ran short, by reason (reserve: the sockets held reached the \
+         soft limit less its reserve; accept, admin_accept, upstream_connect: EMFILE or ENFILE \
+         there); idle connections are closed first.",
     ),
     (
         DEVICE_GAP,

@@ -152,15 +152,19 @@ pub enum CloseReason {
     LameDuck,
     /// Still open when the drain timeout ended: cut.
     DrainCut,
+    /// Idle (no request yet, or parked between requests), closed to free a descriptor when
+    /// they ran low (`edge::descriptors`).
+    Descriptors,
 }
 
 impl CloseReason {
-    const ALL: [CloseReason; 5] = [
+    const ALL: [CloseReason; 6] = [
         CloseReason::IdleTimeout,
         CloseReason::HeaderTimeout,
         CloseReason::EarlyAnswer,
         CloseReason::LameDuck,
         CloseReason::DrainCut,
+        CloseReason::Descriptors,
     ];
 
     fn as_str(self) -> &'static str {
@@ -170,6 +174,42 @@ impl CloseReason {
             CloseReason::EarlyAnswer => "early_answer",
             CloseReason::LameDuck => "lame_duck",
             CloseReason::DrainCut => "drain_cut",
+            CloseReason::Descriptors => "descriptors",
+        }
+    }
+}
+
+/// Where the proxy found its open-file descriptors short (`edge::descriptors`): the `reason`
+/// label of [`DESCRIPTOR_SHORTAGES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DescriptorShortage {
+    /// The proxy listener found the sockets held at the soft limit less the reserve, and
+    /// closed idle connections (or waited) before accepting.
+    Reserve,
+    /// The proxy listener's accept failed with `EMFILE` or `ENFILE`.
+    Accept,
+    /// The admin listener's accept failed with `EMFILE` or `ENFILE`.
+    AdminAccept,
+    /// An upstream connect failed with `EMFILE` or `ENFILE`.
+    UpstreamConnect,
+}
+
+impl DescriptorShortage {
+    /// Every place, in metric-slot order.
+    pub const ALL: [DescriptorShortage; 4] = [
+        DescriptorShortage::Reserve,
+        DescriptorShortage::Accept,
+        DescriptorShortage::AdminAccept,
+        DescriptorShortage::UpstreamConnect,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DescriptorShortage::Reserve => "reserve",
+            DescriptorShortage::Accept => "accept",
+            DescriptorShortage::AdminAccept => "admin_accept",
+            DescriptorShortage::UpstreamConnect => "upstream_connect",
         }
     }
 }
@@ -268,7 +308,9 @@ pub struct Metrics {
     proxy_errors: [Counter; 6],
     /// [`UPSTREAM_LOAD_REPORTS`]: read, invalid.
     load_reports: [Counter; 2],
-    connection_closes: [Counter; 5],
+    connection_closes: [Counter; 6],
+    /// [`DESCRIPTOR_SHORTAGES`], by [`DescriptorShortage`].
+    descriptor_shortages: [Counter; 4],
     /// [`PROTOCOL_MISMATCHES`], by [`ProtocolMismatch`].
     protocol_mismatches: [Counter; 2],
     /// [`ADMIN_REFUSALS`], by [`AdminRefusal`].
@@ -332,10 +374,13 @@ impl Metrics {
             .map(|p| counter(PROTOCOL_MISMATCHES, vec![Label::new("reason", p.as_str())]));
         let admin_refusals = AdminRefusal::ALL
             .map(|r| counter(ADMIN_REFUSALS, vec![Label::new("reason", r.as_str())]));
+        let descriptor_shortages = DescriptorShortage::ALL
+            .map(|r| counter(DESCRIPTOR_SHORTAGES, vec![Label::new("reason", r.as_str())]));
         let load_reports = ["read", "invalid"]
             .map(|o| counter(UPSTREAM_LOAD_REPORTS, vec![Label::new("outcome", o)]));
         let m = Metrics {
             connection_closes,
+            descriptor_shortages,
             protocol_mismatches,
             admin_refusals,
             load_reports,
@@ -429,6 +474,11 @@ impl Metrics {
     /// Counts a client connection closed for `reason`.
     pub fn connection_closed(&self, reason: CloseReason) {
         self.connection_closes[reason as usize].increment(1);
+    }
+
+    /// Counts a descriptor shortage met at `at`.
+    pub fn descriptor_shortage(&self, at: DescriptorShortage) {
+        self.descriptor_shortages[at as usize].increment(1);
     }
 
     /// Records a successful load of `policy` at `now`: its version, the reload gauges, and

@@ -188,6 +188,15 @@ impl Proxy {
         }
     }
 
+    /// Counts the upstream sockets against the process's descriptors, and, when a connect
+    /// finds them exhausted, closes idle client connections and tries once more
+    /// (`edge::descriptors`).
+    #[must_use]
+    pub fn with_descriptors(self, descriptors: Arc<crate::edge::descriptors::Descriptors>) -> Self {
+        self.pool.count_descriptors(descriptors);
+        self
+    }
+
     /// The request target sent upstream, in origin form (RFC 9112 section 3.2.1): the path
     /// prefix, then the client's path and query. The client's own target is reused as it is
     /// when there is no prefix and it is already in origin form.

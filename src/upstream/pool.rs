@@ -31,6 +31,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::ForwardBody;
+use crate::edge::descriptors::Descriptors;
 
 /// Idle pooled connections are not used after this, below common upstream keep-alive timeouts
 /// (nginx 75 s, Node.js 5 s is the outlier), so the pool rarely races an upstream closing an
@@ -82,6 +83,8 @@ pub struct Shared {
     port: u16,
     connect_timeout: Duration,
     builder: Builder,
+    /// Where the pool's sockets are counted, when set ([`Pool::count_descriptors`]).
+    descriptors: std::sync::OnceLock<Arc<Descriptors>>,
 }
 
 impl std::ops::Deref for Pool {
@@ -127,7 +130,16 @@ impl Pool {
             port,
             connect_timeout,
             builder,
+            descriptors: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Counts the pool's sockets against the process's `descriptors` from now on, and, when
+    /// a connect finds them exhausted (`EMFILE`, `ENFILE`), has idle client connections
+    /// closed and tries that address once more (`edge::descriptors`). Set once; later calls
+    /// do nothing.
+    pub fn count_descriptors(&self, descriptors: Arc<Descriptors>) {
+        let _ = self.descriptors.set(descriptors);
     }
 
     /// Sends `req` (origin-form target, `Host` set) on an idle connection, or a new one, and
@@ -201,7 +213,11 @@ impl Pool {
         .collect();
         let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address for the name");
         let mut stream = None;
-        for (i, addr) in addrs.iter().enumerate() {
+        // Out of descriptors, idle client connections are closed and the address tried once
+        // more.
+        let mut retried = false;
+        let mut i = 0;
+        while let Some(addr) = addrs.get(i) {
             let left = deadline.saturating_duration_since(Instant::now());
             let share = left / u32::try_from(addrs.len() - i).unwrap_or(u32::MAX);
             match tokio::time::timeout(share, TcpStream::connect(addr)).await {
@@ -209,20 +225,33 @@ impl Pool {
                     stream = Some(s);
                     break;
                 }
-                Ok(Err(e)) => last = e,
+                Ok(Err(e)) => {
+                    if !retried
+                        && let Some(d) = self.descriptors.get()
+                        && d.connect_failed(&e, deadline).await
+                    {
+                        retried = true;
+                        continue;
+                    }
+                    last = e;
+                }
                 Err(_) if i + 1 == addrs.len() => {
                     return Err(SendError::ConnectTimeout(self.connect_timeout));
                 }
                 Err(_) => {}
             }
+            i += 1;
         }
         let stream = stream.ok_or(SendError::Connect(last))?;
+        let held = self.descriptors.get().map(Descriptors::hold);
         let _ = stream.set_nodelay(true);
         let (sender, conn) = self.builder.handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
+            // After the socket: the count falls once the descriptor is free.
+            drop(held);
         });
         self.start_reaper();
         Ok(sender)
