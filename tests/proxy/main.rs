@@ -6,6 +6,8 @@ mod admin_guard;
 mod cases;
 mod classes;
 mod clock;
+#[cfg(target_os = "linux")]
+mod descriptors;
 mod device_hash;
 mod devices;
 mod docs;
