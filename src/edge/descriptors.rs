@@ -199,8 +199,8 @@ impl Reuse {
         std::future::poll_fn(move |cx| self.poll_evicted(cx))
     }
 
-    fn evict(&self) {
-        self.evicted.store(true, Ordering::Release);
+    /// Wakes the connection's task (after [`Descriptors::drain`] marked it told).
+    fn wake(&self) {
         if let Some(w) = lock(&self.waker).take() {
             w.wake();
         }
@@ -339,11 +339,11 @@ impl Descriptors {
     /// Takes a connection off the queue: a request came, or it resumed from the park. One
     /// atomic read when it is not queued (every request after a connection's first).
     pub fn in_use(&self, activity: &Activity) {
-        if activity.reuse.key.load(Ordering::Relaxed) == 0 {
+        if activity.reuse.key.load(Ordering::Acquire) == 0 {
             return;
         }
         let mut queue = lock(&self.queue);
-        let key = activity.reuse.key.swap(0, Ordering::Relaxed);
+        let key = activity.reuse.key.swap(0, Ordering::AcqRel);
         if key != 0 {
             queue.by_age.remove(&key);
         }
@@ -364,18 +364,25 @@ impl Descriptors {
 
     /// Tells the oldest reusable connections to close: `max(min(32, queued / 8), 1)` of them
     /// (nginx's round). Returns how many.
+    ///
+    /// Each is marked told and closing before its key is cleared, under the queue's lock: a
+    /// connection ending meanwhile either takes itself off the queue first (and is not
+    /// told) or sees the mark when it finds its key cleared, and settles it ([`Client`]).
     fn drain(&self) -> usize {
         let picked: Vec<Arc<Activity>> = {
             let mut queue = lock(&self.queue);
             let n = (queue.by_age.len() / 8).clamp(1, DRAIN_MAX);
             std::iter::from_fn(|| queue.by_age.pop_first().map(|(_, a)| a))
                 .take(n)
+                .inspect(|a| {
+                    self.closing.fetch_add(1, Ordering::AcqRel);
+                    a.reuse.evicted.store(true, Ordering::Release);
+                    a.reuse.key.store(0, Ordering::Release);
+                })
                 .collect()
         };
         for activity in &picked {
-            activity.reuse.key.store(0, Ordering::Relaxed);
-            self.closing.fetch_add(1, Ordering::AcqRel);
-            activity.reuse.evict();
+            activity.reuse.wake();
         }
         picked.len()
     }
