@@ -126,28 +126,34 @@ pub fn needed(max_inflight: Option<u32>, limit: u64) -> u64 {
 }
 
 /// Raises the soft limit at start and logs it: the limits before and after at info, a
-/// warning when the hard limit is below what [`needed`] says, or when it cannot be raised.
+/// warning when it cannot be raised, and one when the hard limit is below what [`needed`]
+/// says.
 pub fn raise_and_log(max_inflight: Option<u32>) {
     match raise_limit() {
-        Ok((before, after)) => {
-            tracing::info!(
-                soft_before = before.soft,
-                soft = after.soft,
-                hard = after.hard,
-                "open-files limit: soft raised to the hard limit"
-            );
-            let needed = needed(max_inflight, after.hard);
-            if after.hard < needed {
-                tracing::warn!(
-                    hard = after.hard,
-                    needed,
-                    "open-files hard limit below what the configured connections need (two \
-                     a request in flight, --max-inflight or 1024, plus a reserve): raise \
-                     LimitNOFILE or the container's nofile ulimit"
-                );
-            }
-        }
+        Ok((before, after)) if before.soft < after.soft => tracing::info!(
+            soft_before = before.soft,
+            soft = after.soft,
+            hard = after.hard,
+            "open-files limit: soft raised to the hard limit"
+        ),
+        Ok((_, after)) => tracing::info!(
+            soft = after.soft,
+            hard = after.hard,
+            "open-files limit: soft already at the hard limit"
+        ),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-files soft limit"),
+    }
+    if let Some(after) = current_limits() {
+        let needed = needed(max_inflight, after.hard);
+        if after.hard < needed {
+            tracing::warn!(
+                hard = after.hard,
+                needed,
+                "open-files hard limit below what the configured connections need (two \
+                 a request in flight, --max-inflight or 1024, plus a reserve): raise \
+                 LimitNOFILE or the container's nofile ulimit"
+            );
+        }
     }
 }
 

@@ -224,6 +224,7 @@ async fn under_a_low_hard_limit_the_oldest_idle_connections_are_closed_first() {
     let policy = PolicyDir::seed();
     let proxy = Limited::start(256, 256, &upstream, &policy);
     assert_eq!(proxy.limits(), (256, 256), "raising cannot help");
+    assert_eq!(proxy.log_lines("soft already at the hard limit").len(), 1);
     let short = proxy.log_lines("hard limit below what the configured connections need");
     assert_eq!(short.len(), 1, "{:?}", proxy.log_lines("WARN"));
     // 300 idle connections: more than the limit, with no request yet.
