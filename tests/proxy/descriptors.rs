@@ -152,7 +152,7 @@ async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
 }
 
 async fn admin_get(admin: SocketAddr, path: &str) -> String {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     tokio::time::timeout(BOUND, async {
         let mut tcp = TcpStream::connect(admin).await.unwrap();
         tcp.write_all(request.as_bytes()).await.unwrap();
