@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::Service;
 
+pub use super::client::{ClientInfo, LameDuck};
 use super::descriptors::{Backoff, Descriptors, Listener};
 use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong, Progress};
 use super::keepalive::{Activity, Answer, PARK_AFTER};
@@ -27,58 +28,6 @@ use super::lifecycle::ClientIo;
 use super::protocol::refuse_protocol;
 use crate::BoxError;
 use crate::metrics::{CloseReason, ErrorKind, Metrics};
-
-/// The client's address, inserted into request extensions by the listener, with the two
-/// forwarding-header elements that name it, made once per connection (and again when a parked
-/// connection resumes) rather than formatted per request (`upstream::add_forwarding_headers`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientInfo {
-    /// The TCP peer.
-    pub peer: SocketAddr,
-    /// The peer's address as `X-Forwarded-For` names it: an IPv4 client on a `[::]` listener
-    /// (`::ffff:a.b.c.d`) as IPv4.
-    pub forwarded_for: HeaderValue,
-    /// The `Forwarded` element for the peer (RFC 7239 section 4): `for=192.0.2.7;proto=http`,
-    /// an IPv6 address quoted and in brackets (section 6).
-    pub forwarded: HeaderValue,
-}
-
-impl ClientInfo {
-    /// The information for a connection from `peer`.
-    pub fn new(peer: SocketAddr) -> Self {
-        let ip = peer.ip().to_canonical();
-        let node = match ip {
-            std::net::IpAddr::V4(ip) => ip.to_string(),
-            std::net::IpAddr::V6(ip) => format!("\"[{ip}]\""),
-        };
-        let text = |s: String| {
-            HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-        };
-        ClientInfo {
-            peer,
-            forwarded_for: text(ip.to_string()),
-            forwarded: text(format!("for={node};proto=http")),
-        }
-    }
-}
-
-/// Set once shutdown has begun: `/healthz` answers 503 (readiness fails) and every answer
-/// carries `Connection: close`, while new connections are still served for the shutdown
-/// delay. Cheap to clone; shared by both listeners and the admin handlers.
-#[derive(Debug, Clone, Default)]
-pub struct LameDuck(Arc<AtomicBool>);
-
-impl LameDuck {
-    /// Enters the lame-duck phase; there is no way back.
-    pub fn begin(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether the lame-duck phase has begun.
-    pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 /// Client connection settings of a listener.
 #[derive(Debug, Clone)]
