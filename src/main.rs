@@ -91,7 +91,7 @@ struct ExplainArgs {
     /// Event age in seconds (overrides the body's time).
     #[arg(long)]
     age: Option<f64>,
-    /// Pressure, 0.0-1.0.
+    /// Pressure, 0.0-1.0 (required).
     #[arg(long)]
     pressure: f64,
     /// Decide as of this time (RFC 3339, e.g. 2026-12-04T17:30:00+01:00): the schedules open
