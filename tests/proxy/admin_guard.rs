@@ -351,49 +351,16 @@ async fn the_preview_command_sends_the_token() {
 /// `SHEDGATE_REQUIRE_NETNS` is set (`.ci/run` sets it), when it fails.
 #[test]
 fn beyond_loopback_state_changes_need_the_token() {
-    use std::process::Command;
-    const NAME: &str = "admin_guard::beyond_loopback_state_changes_need_the_token";
-    if std::env::var_os("SHEDGATE_IN_NETNS").is_some() {
-        return beyond_loopback_in_this_namespace();
-    }
-    let usable = Command::new("unshare")
-        .args(["-n", "--", "ip", "addr", "add", "192.0.2.1/32", "dev", "lo"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !usable {
-        let why = "`unshare -n` with `ip` is not usable here (needs root and iproute2)";
-        assert!(
-            std::env::var_os("SHEDGATE_REQUIRE_NETNS").is_none(),
-            "{why}, and SHEDGATE_REQUIRE_NETNS is set"
-        );
-        eprintln!("SKIPPED {NAME}: {why}");
-        return;
-    }
-    let out = Command::new("unshare")
-        .args(["-n", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env("SHEDGATE_IN_NETNS", "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    in_own_network_namespace(
+        "admin_guard::beyond_loopback_state_changes_need_the_token",
+        &["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"],
+        beyond_loopback_in_this_namespace,
     );
-    assert!(out.status.success(), "in the namespace:\n{text}");
-    assert!(text.contains("1 passed"), "the test did not run:\n{text}");
 }
 
 /// The namespaced half.
 fn beyond_loopback_in_this_namespace() {
-    let run = |args: &[&str]| {
-        let s = std::process::Command::new(args[0])
-            .args(&args[1..])
-            .status()
-            .unwrap();
-        assert!(s.success(), "{args:?}: {s}");
-    };
+    let run = run_ok;
     run(&["ip", "link", "set", "lo", "up"]);
     run(&["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"]);
     let dir = tempfile::tempdir().unwrap();

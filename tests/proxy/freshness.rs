@@ -225,15 +225,8 @@ async fn floor_decisions_replay_exactly() {
     assert!(text.contains("\"rule\":\"freshness\""), "{text}");
     assert!(text.contains("\"since_delivered_ms\""), "{text}");
     let decided = text.lines().filter(|l| l.contains("\"draw\"")).count();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
-        .args(["replay", "--log"])
-        .arg(&log)
-        .arg("--policies")
-        .arg(policy.path())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}");
+    let (code, said, _) = super::replay::replay_command(&log, policy.path());
+    assert_eq!(code, Some(0), "{said}");
     assert!(
         said.contains(&format!("{decided} reproduced, 0 mismatched")),
         "{said}"

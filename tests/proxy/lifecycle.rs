@@ -353,49 +353,16 @@ fn read_head_blocking(tcp: &mut std::net::TcpStream) -> String {
 /// `SHEDGATE_REQUIRE_NETNS` is set (`.ci/run` sets it), when it fails.
 #[test]
 fn an_early_answer_arrives_over_a_rate_limited_link() {
-    use std::process::Command;
-    const NAME: &str = "lifecycle::an_early_answer_arrives_over_a_rate_limited_link";
-    if std::env::var_os("SHEDGATE_IN_NETNS").is_some() {
-        return early_answer_in_this_namespace();
-    }
-    let usable = Command::new("unshare")
-        .args(["-n", "--", "tc", "qdisc", "show", "dev", "lo"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !usable {
-        let why = "`unshare -n` with `tc` is not usable here (needs root and iproute2)";
-        assert!(
-            std::env::var_os("SHEDGATE_REQUIRE_NETNS").is_none(),
-            "{why}, and SHEDGATE_REQUIRE_NETNS is set"
-        );
-        eprintln!("SKIPPED {NAME}: {why}");
-        return;
-    }
-    let out = Command::new("unshare")
-        .args(["-n", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env("SHEDGATE_IN_NETNS", "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    in_own_network_namespace(
+        "lifecycle::an_early_answer_arrives_over_a_rate_limited_link",
+        &["tc", "qdisc", "show", "dev", "lo"],
+        early_answer_in_this_namespace,
     );
-    assert!(out.status.success(), "in the namespace:\n{text}");
-    assert!(text.contains("1 passed"), "the test did not run:\n{text}");
 }
 
 /// The namespaced half: loopback up and shaped, then the exchange.
 fn early_answer_in_this_namespace() {
-    let run = |args: &[&str]| {
-        let s = std::process::Command::new(args[0])
-            .args(&args[1..])
-            .status()
-            .unwrap();
-        assert!(s.success(), "{args:?}: {s}");
-    };
+    let run = run_ok;
     // An Ethernet MTU, so that the token bucket's burst holds a whole packet (loopback's
     // 64 KiB frames would all be dropped).
     run(&["ip", "link", "set", "lo", "mtu", "1500", "up"]);

@@ -173,15 +173,8 @@ async fn a_full_disk_leaves_no_torn_line_and_writing_resumes() {
     let (in_file, lost) = (lines.len() as f64, (12 - on_full_disk) as f64);
     assert_eq!(written, in_file, "written is what a reader can parse");
     assert_eq!(failed, lost, "the rest are write errors");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
-        .args(["replay", "--log"])
-        .arg(&path)
-        .arg("--policies")
-        .arg(policy.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "replay reads every line: {text}");
+    let (code, text, _) = super::replay::replay_command(&path, policy.path());
+    assert_eq!(code, Some(0), "replay reads every line: {text}");
 }
 
 /// Lines handed over one after another from four threads (four shards, formatted apart, as
@@ -346,15 +339,8 @@ async fn heads_hyper_refuses_have_their_line() {
             "431 head-too-large GET -",
         ]
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
-        .args(["replay", "--log"])
-        .arg(&path)
-        .arg("--policies")
-        .arg(policy.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "replay reads every line: {text}");
+    let (code, text, _) = super::replay::replay_command(&path, policy.path());
+    assert_eq!(code, Some(0), "replay reads every line: {text}");
 }
 
 /// A `webhook-id` in raw UTF-8 was dropped, and two ids that differ after byte 128 were

@@ -108,15 +108,8 @@ async fn a_recorded_overload_replays_exactly_under_its_own_policy() {
     assert_eq!(stats.compared, 0);
 
     // The command says the same, and exits 0; a line changed by hand fails it, by number.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
-        .args(["replay", "--log"])
-        .arg(&log)
-        .arg("--policies")
-        .arg(policy.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let (code, text, _) = replay_command(&log, policy.path());
+    assert_eq!(code, Some(0), "{text}");
     assert!(
         text.contains(&format!("{decided} reproduced, 0 mismatched")),
         "{text}"
@@ -133,15 +126,8 @@ async fn a_recorded_overload_replays_exactly_under_its_own_policy() {
     tampered[at] = tampered[at].replace("\"rule\":\"pressure\"", "\"rule\":\"kept\"");
     let bad = dir.path().join("tampered.log");
     std::fs::write(&bad, tampered.join("\n")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
-        .args(["replay", "--log"])
-        .arg(&bad)
-        .arg("--policies")
-        .arg(policy.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (code, text, _) = replay_command(&bad, policy.path());
+    assert_eq!(code, Some(1), "{text}");
     assert!(
         text.contains(&format!("line {}: mismatch", at + 1)),
         "{text}"
@@ -224,7 +210,7 @@ async fn a_changed_areas_file_gives_the_hand_computed_deltas() {
 }
 
 /// `shedgate replay --log FILE` on `file`: exit code, standard output, standard error.
-fn replay_command(log: &Path, policies: &Path) -> (Option<i32>, String, String) {
+pub(crate) fn replay_command(log: &Path, policies: &Path) -> (Option<i32>, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_shedgate"))
         .args(["replay", "--log"])
         .arg(log)

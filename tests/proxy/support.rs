@@ -510,3 +510,54 @@ pub async fn read_head(tcp: &mut tokio::net::TcpStream) -> String {
 }
 
 pub use super::processes::*;
+
+/// Runs `inside` in a network namespace of its own: the test (its exact `name`) runs itself
+/// again under `unshare -n` with `SHEDGATE_IN_NETNS` set, and there `inside` runs. When
+/// `probe` (a command run under `unshare -n`) fails, for want of root or iproute2, the test
+/// says so on stderr and passes, unless `SHEDGATE_REQUIRE_NETNS` is set (`.ci/run` sets it).
+pub fn in_own_network_namespace(name: &str, probe: &[&str], inside: impl FnOnce()) {
+    use std::process::Command;
+    if std::env::var_os("SHEDGATE_IN_NETNS").is_some() {
+        return inside();
+    }
+    let usable = Command::new("unshare")
+        .args(["-n", "--"])
+        .args(probe)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !usable {
+        let why = format!(
+            "`unshare -n` with `{}` is not usable here (needs root and iproute2)",
+            probe[0]
+        );
+        assert!(
+            std::env::var_os("SHEDGATE_REQUIRE_NETNS").is_none(),
+            "{why}, and SHEDGATE_REQUIRE_NETNS is set"
+        );
+        eprintln!("SKIPPED {name}: {why}");
+        return;
+    }
+    let out = Command::new("unshare")
+        .args(["-n", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("SHEDGATE_IN_NETNS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "in the namespace:\n{text}");
+    assert!(text.contains("1 passed"), "the test did not run:\n{text}");
+}
+
+/// Runs a command to its end and asserts that it succeeded (`args[0]` is the program).
+pub fn run_ok(args: &[&str]) {
+    let s = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .unwrap();
+    assert!(s.success(), "{args:?}: {s}");
+}
