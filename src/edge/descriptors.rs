@@ -84,6 +84,16 @@ pub enum Listener {
     Admin,
 }
 
+impl Listener {
+    /// Its name in log lines: `proxy` or `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Listener::Proxy => "proxy",
+            Listener::Admin => "admin",
+        }
+    }
+}
+
 /// A connection's place among the reusable ones, held in its [`Activity`].
 #[derive(Debug, Default)]
 pub struct Reuse {

@@ -143,6 +143,7 @@ pub async fn serve<S, B>(
     drop(listener);
     reap(&mut connections);
     tracing::info!(
+        listener = settings.listener.as_str(),
         connections = connections.len(),
         "draining: idle connections close now, in-flight requests may finish"
     );
@@ -163,6 +164,7 @@ pub async fn serve<S, B>(
             }
         }
         tracing::warn!(
+            listener = settings.listener.as_str(),
             ?drain_timeout,
             connections_cut = cut,
             "drain timeout elapsed: cutting the connections still open"
