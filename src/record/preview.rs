@@ -304,9 +304,9 @@ impl PreviewSlot {
         let id = loop {
             #[expect(
                 clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a draw in [0, 1) scaled to [0, 2^48)"
+                reason = "a draw in [0, 1) times 2^48"
             )]
+            #[expect(clippy::cast_sign_loss, reason = "a draw in [0, 1) is not negative")]
             let id = format!("{:012x}", (draw() * 281_474_976_710_656.0) as u64);
             let taken = current.as_deref().is_some_and(|p| *p.id == *id)
                 || past.iter().any(|(known, _)| **known == *id);
