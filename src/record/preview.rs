@@ -302,10 +302,7 @@ impl PreviewSlot {
             return Err(Busy(Box::new(running.report(now))));
         }
         let id = loop {
-            #[expect(
-                clippy::cast_possible_truncation,
-                reason = "a draw in [0, 1) times 2^48"
-            )]
+            #[expect(clippy::cast_possible_truncation, reason = "below 2^48")]
             #[expect(clippy::cast_sign_loss, reason = "a draw in [0, 1) is not negative")]
             let id = format!("{:012x}", (draw() * 281_474_976_710_656.0) as u64);
             let taken = current.as_deref().is_some_and(|p| *p.id == *id)
