@@ -21,7 +21,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shedgate::demo::sim::fleet::{FleetCase, band_name, gap_bound, gap_quantile, run_fleet};
+use shedgate::demo::sim::fleet::{
+    FleetCase, FleetFigures, band_name, gap_bound, gap_quantile, run_fleet,
+};
 use shedgate::demo::sim::{Replicas, Spread};
 
 const INTERVAL: Duration = Duration::from_secs(5);
@@ -136,6 +138,34 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
+/// The case of 10,000 devices every [`INTERVAL`] at `workers` (13: 3x, 4: 10x).
+fn fleet_case(workers: u32, replicas: Replicas) -> FleetCase {
+    FleetCase {
+        devices: 10_000,
+        interval: INTERVAL,
+        workers,
+        replicas,
+    }
+}
+
+/// `case` run twice at each seed, as `a` and as `b` (a policy, and whether by device).
+fn paired(
+    runtime: &tokio::runtime::Runtime,
+    case: &FleetCase,
+    seeds: &[u64],
+    a: (&Arc<shedgate::policy::Policy>, bool),
+    b: (&Arc<shedgate::policy::Policy>, bool),
+) -> Vec<(FleetFigures, FleetFigures)> {
+    seeds
+        .iter()
+        .map(|&seed| {
+            let first = runtime.block_on(run_fleet(case, a.0, a.1, seed));
+            let second = runtime.block_on(run_fleet(case, b.0, b.1, seed));
+            (first, second)
+        })
+        .collect()
+}
+
 fn main() {
     if let Some(max_silence) = arg("--max-silence") {
         let share = arg("--share").map_or(0.1, |s| s.parse().expect("a share"));
@@ -152,20 +182,8 @@ fn main() {
     );
     let cases = cases();
     for (name, workers, replicas) in cases {
-        let case = FleetCase {
-            devices: 10_000,
-            interval: INTERVAL,
-            workers,
-            replicas,
-        };
-        let runs: Vec<_> = seeds
-            .iter()
-            .map(|&seed| {
-                let draw = runtime.block_on(run_fleet(&case, &policy, false, seed));
-                let device = runtime.block_on(run_fleet(&case, &policy, true, seed));
-                (draw, device)
-            })
-            .collect();
+        let case = fleet_case(workers, replicas);
+        let runs = paired(&runtime, &case, &seeds, (&policy, false), (&policy, true));
         let met = runs
             .iter()
             .filter(|(_, d)| d.bands_within_bound(INTERVAL))
@@ -249,20 +267,8 @@ fn floor(max_silence: &str, share: f64) {
         .into_iter()
         .filter(|(name, _, _)| !name.contains("at random") && !name.starts_with("4 replicas, 10x"));
     for (name, workers, replicas) in cases {
-        let case = FleetCase {
-            devices: 10_000,
-            interval: INTERVAL,
-            workers,
-            replicas,
-        };
-        let runs: Vec<_> = seeds
-            .iter()
-            .map(|&seed| {
-                let a = runtime.block_on(run_fleet(&case, &off, true, seed));
-                let b = runtime.block_on(run_fleet(&case, &on, true, seed));
-                (a, b)
-            })
-            .collect();
+        let case = fleet_case(workers, replicas);
+        let runs = paired(&runtime, &case, &seeds, (&off, true), (&on, true));
         println!("\n{name}:");
         let col = |f: &dyn Fn(&shedgate::demo::sim::fleet::FleetFigures) -> f64, floored: bool| {
             runs.iter()

@@ -85,6 +85,19 @@ pub(crate) async fn logging(
         .0
 }
 
+/// A proxy logging to `log` with no signals, keying device ids with `secret` if given.
+pub(crate) async fn logged(
+    upstream: &str,
+    policies: &Path,
+    log: &Path,
+    secret: Option<PathBuf>,
+) -> shedgate::app::Running {
+    logging(upstream, policies, log, &Signals::none(), |a| {
+        a.access_log_secret_file = secret;
+    })
+    .await
+}
+
 fn the<'a>(
     lines: &'a [serde_json::Value],
     what: &str,
@@ -290,14 +303,7 @@ async fn no_coordinate_query_or_id_appears_in_any_line() {
     let policy = PolicyDir::new(STREAMS, Some(BERLIN_AREA));
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let proxy = logging(
-        &upstream.url(),
-        policy.path(),
-        &log,
-        &Signals::none(),
-        |_| {},
-    )
-    .await;
+    let proxy = logged(&upstream.url(), policy.path(), &log, None).await;
     let body = r#"{"device_id":"veh-secret-42","lat":52.520123,"lon":13.404987,"occurred_at":"2026-05-28T20:26:35Z","note":"body-secret"}"#;
     for stream in ["vehicle.position", "geofence.transition"] {
         let req = Request::post(format!(

@@ -6,8 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use shedgate::clock::{Sources, UnixMillis};
-use shedgate::config::{Config, ServeArgs};
+use shedgate::config::ServeArgs;
 
 use super::*;
 
@@ -35,13 +34,7 @@ async fn world(error_ms: i64) -> World {
         policies: Some(policy.path().to_owned()),
         ..ServeArgs::default()
     };
-    let local = Arc::clone(&now);
-    let sources =
-        Sources::system().with_clock(move || UnixMillis(local.load(Ordering::SeqCst) + error_ms));
-    let proxy = shedgate::app::start(Config::from_args(args).unwrap(), sources)
-        .await
-        .unwrap()
-        .0;
+    let proxy = start_with_clock(args, &now, error_ms).await;
     World {
         now,
         upstream,

@@ -4,9 +4,7 @@
 
 use std::path::Path;
 
-use shedgate::signals::Signals;
-
-use super::access_log::{BERLIN_LOW, STREAMS, fix, lines, logging};
+use super::access_log::{BERLIN_LOW, STREAMS, fix, lines};
 use super::support::*;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
@@ -26,16 +24,7 @@ async fn logged(secret_file: &Path, dir: &Path) -> Vec<String> {
     let policy = PolicyDir::new(STREAMS, Some(BERLIN_LOW));
     let log = dir.join("access.log");
     let file = secret_file.to_owned();
-    let proxy = logging(
-        &upstream.url(),
-        policy.path(),
-        &log,
-        &Signals::none(),
-        |a| {
-            a.access_log_secret_file = Some(file);
-        },
-    )
-    .await;
+    let proxy = super::access_log::logged(&upstream.url(), policy.path(), &log, Some(file)).await;
     for (stated, _) in IDS {
         let body = fix("veh-1", BERLIN, 2).replace(r#""veh-1""#, stated);
         assert_eq!(post(&proxy, "vehicle.position", body).await.status, 200);

@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use shedgate::clock::{Sources, UnixMillis};
-use shedgate::config::{Config, ServeArgs};
+use shedgate::config::ServeArgs;
 
 use super::support::*;
 
@@ -36,12 +35,7 @@ async fn world() -> World {
         policies: Some(cases_policy()),
         ..ServeArgs::default()
     };
-    let clock = Arc::clone(&now);
-    let sources = Sources::system().with_clock(move || UnixMillis(clock.load(Ordering::SeqCst)));
-    let proxy = shedgate::app::start(Config::from_args(args).unwrap(), sources)
-        .await
-        .unwrap()
-        .0;
+    let proxy = start_with_clock(args, &now, 0).await;
     World {
         now,
         upstream,

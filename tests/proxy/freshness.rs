@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use http::StatusCode;
-use shedgate::clock::{Sources, UnixMillis};
-use shedgate::config::{Config, ServeArgs};
+use shedgate::config::ServeArgs;
 
 use super::support::*;
 
@@ -58,12 +57,7 @@ async fn world_with(
         ..ServeArgs::default()
     };
     tweak(&mut args);
-    let clock = Arc::clone(&now);
-    let sources = Sources::system().with_clock(move || UnixMillis(clock.load(Ordering::SeqCst)));
-    let proxy = shedgate::app::start(Config::from_args(args).unwrap(), sources)
-        .await
-        .unwrap()
-        .0;
+    let proxy = start_with_clock(args, &now, 0).await;
     pin(&proxy, 1.0).await;
     World {
         now,

@@ -8,9 +8,8 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use shedgate::record::replay::Run;
-use shedgate::signals::Signals;
 
-use super::access_log::{BERLIN_LOW, STREAMS, fix, lines, logging, secret};
+use super::access_log::{BERLIN_LOW, STREAMS, fix, lines, logged, secret};
 use super::support::*;
 
 /// Places spread over Europe: Berlin, Munich and a few dozen points around them, so that
@@ -40,16 +39,7 @@ async fn a_recorded_overload_replays_exactly_under_its_own_policy() {
     let dir = tempfile::tempdir().unwrap();
     let (secret_file, _) = secret(dir.path());
     let log = dir.path().join("access.log");
-    let proxy = logging(
-        &upstream.url(),
-        policy.path(),
-        &log,
-        &Signals::none(),
-        |a| {
-            a.access_log_secret_file = Some(secret_file);
-        },
-    )
-    .await;
+    let proxy = logged(&upstream.url(), policy.path(), &log, Some(secret_file)).await;
     let places = places();
     let mut sent = 0;
     for (round, pressure) in [0.6, 0.75, 0.9].into_iter().enumerate() {
@@ -144,14 +134,7 @@ async fn a_changed_areas_file_gives_the_hand_computed_deltas() {
     let recorded = PolicyDir::new(STREAMS, Some(BERLIN_LOW));
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let proxy = logging(
-        &upstream.url(),
-        recorded.path(),
-        &log,
-        &Signals::none(),
-        |_| {},
-    )
-    .await;
+    let proxy = logged(&upstream.url(), recorded.path(), &log, None).await;
     pin(&proxy, 0.9).await;
     let (berlin, munich, never) = (30, 20, 7);
     for i in 0..berlin {
@@ -243,14 +226,7 @@ async fn replay_inputs_as_operators_hand_them_over() {
     let policy = PolicyDir::new(STREAMS, Some(BERLIN_LOW));
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let proxy = logging(
-        &upstream.url(),
-        policy.path(),
-        &log,
-        &Signals::none(),
-        |_| {},
-    )
-    .await;
+    let proxy = logged(&upstream.url(), policy.path(), &log, None).await;
     pin(&proxy, 0.9).await;
     for (i, at) in places().iter().take(16).enumerate() {
         post(&proxy, "vehicle.position", fix(&format!("t{i}"), *at, 2)).await;

@@ -561,3 +561,19 @@ pub fn run_ok(args: &[&str]) {
         .unwrap();
     assert!(s.success(), "{args:?}: {s}");
 }
+
+/// A proxy started with `args` whose clock reads `now` (unix milliseconds, an atomic the test
+/// advances) plus `error_ms`.
+pub async fn start_with_clock(
+    args: ServeArgs,
+    now: &Arc<std::sync::atomic::AtomicI64>,
+    error_ms: i64,
+) -> Running {
+    let clock = Arc::clone(now);
+    let sources = Sources::system()
+        .with_clock(move || UnixMillis(clock.load(std::sync::atomic::Ordering::SeqCst) + error_ms));
+    shedgate::app::start(Config::from_args(args).unwrap(), sources)
+        .await
+        .unwrap()
+        .0
+}
