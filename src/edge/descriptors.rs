@@ -325,6 +325,10 @@ impl Descriptors {
     /// with none to close, it checks again every [`PAUSE`]. Cancel-safe: dropped and called
     /// again, it does not tell more connections to close than the reserve needs.
     pub async fn room(&self) {
+        // The common case, without touching the `Notify`'s waiter list (two locks).
+        if self.open() < self.threshold {
+            return;
+        }
         let mut counted = false;
         loop {
             let mut settled = pin!(self.settle.notified());
