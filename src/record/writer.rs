@@ -308,11 +308,7 @@ impl AccessLog {
     /// Queues a chunk for the writer, or drops and counts it when too many lines wait. A
     /// chunk is always taken when nothing waits, so a queue smaller than a chunk still writes.
     fn hand_over(&self, chunk: Chunk) {
-        let lines = chunk.lines();
-        let waiting = self.pending.fetch_add(lines, Ordering::AcqRel);
-        if waiting > 0 && waiting + lines > self.limit {
-            self.pending.fetch_sub(lines, Ordering::AcqRel);
-            self.counts.drop_behind(lines);
+        if !self.admit(chunk.lines()) {
             return;
         }
         self.chunks
@@ -346,16 +342,23 @@ impl AccessLog {
             (held, queued)
         };
         for chunk in held {
-            let lines = chunk.lines();
-            let waiting = self.pending.fetch_add(lines, Ordering::AcqRel);
-            if waiting > 0 && waiting + lines > self.limit {
-                self.pending.fetch_sub(lines, Ordering::AcqRel);
-                self.counts.drop_behind(lines);
-            } else {
+            if self.admit(chunk.lines()) {
                 chunks.push(chunk);
             }
         }
         chunks
+    }
+
+    /// Counts `lines` as waiting for the writer, or drops and counts them when too many wait
+    /// already (never when none waits, so a queue smaller than a chunk still writes).
+    fn admit(&self, lines: u64) -> bool {
+        let waiting = self.pending.fetch_add(lines, Ordering::AcqRel);
+        if waiting > 0 && waiting + lines > self.limit {
+            self.pending.fetch_sub(lines, Ordering::AcqRel);
+            self.counts.drop_behind(lines);
+            return false;
+        }
+        true
     }
 
     /// Waits up to `limit` for every line submitted to be written (shutdown).
