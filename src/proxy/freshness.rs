@@ -2,7 +2,7 @@
 //! threshold that picks the devices silent longest while the budget binds
 //! (docs/decision.md "Devices").
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +22,11 @@ const MAX_THRESHOLD: f64 = 64.0;
 #[derive(Debug)]
 pub struct FreshnessBudget {
     inflight: AtomicU32,
+    /// The second the threshold below is of, and the threshold (`f64` bits): read without
+    /// the lock while the second has not changed. Written under `window`'s lock, the
+    /// threshold first.
+    second: AtomicI64,
+    threshold: AtomicU64,
     window: Mutex<Window>,
 }
 
@@ -40,6 +45,8 @@ impl Default for FreshnessBudget {
     fn default() -> Self {
         FreshnessBudget {
             inflight: AtomicU32::new(0),
+            second: AtomicI64::new(i64::MIN),
+            threshold: AtomicU64::new(1.0f64.to_bits()),
             window: Mutex::new(Window {
                 second: i64::MIN,
                 full: false,
@@ -67,14 +74,24 @@ impl FreshnessBudget {
             max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
             inflight: self.inflight.load(Ordering::Relaxed),
             limit: Floor::limit_of(share, capacity),
-            threshold: self.roll(now).threshold,
+            threshold: self.threshold(now),
         }
     }
 
-    /// The window of `now`'s second, moving the threshold when a second has passed.
-    fn roll(&self, now: UnixMillis) -> Window {
+    /// The threshold in force at `now`: one load while the second has not changed, else the
+    /// window rolled under its lock.
+    fn threshold(&self, now: UnixMillis) -> f64 {
         let second = now.0.div_euclid(1000);
+        if self.second.load(Ordering::Acquire) == second {
+            return f64::from_bits(self.threshold.load(Ordering::Relaxed));
+        }
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        self.roll(&mut w, second);
+        w.threshold
+    }
+
+    /// Moves `w` to `second`, moving the threshold when a second has passed.
+    fn roll(&self, w: &mut Window, second: i64) {
         if w.second != second {
             // A gap of more than a second without candidates counts as seconds without a
             // full budget: the threshold falls once per second passed.
@@ -95,16 +112,18 @@ impl FreshnessBudget {
                 full: false,
                 threshold,
             };
+            self.threshold.store(threshold.to_bits(), Ordering::Relaxed);
+            self.second.store(second, Ordering::Release);
         }
-        *w
     }
 
     /// Notes a floor candidate denied at `now` with `floor` as it read it: a full budget
     /// raises the next second's threshold.
     pub fn denied(&self, floor: &Floor, now: UnixMillis) {
         if floor.inflight >= floor.limit {
-            self.roll(now);
-            self.window.lock().unwrap_or_else(|p| p.into_inner()).full = true;
+            let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+            self.roll(&mut w, now.0.div_euclid(1000));
+            w.full = true;
         }
     }
 
