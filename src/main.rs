@@ -419,14 +419,13 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         Err(msg) => return fail(msg),
     };
     // An idle floor budget: the floor of the stream's `max_silence`, if the fix names a device.
+    let max_silence = stream
+        .filter(|_| device.is_some())
+        .and_then(|id| p.max_silence(id, None));
     let load = admission::Load {
-        floor: admission::Floor {
-            max_silence_ms: stream
-                .filter(|_| device.is_some())
-                .and_then(|id| p.max_silence(id, None))
-                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-            ..admission::Floor::OFF
-        },
+        floor: max_silence.map_or(admission::Floor::OFF, |max| {
+            admission::Floor::idle(max, p.freshness_share(), admission::Load::IDLE.capacity)
+        }),
         ..admission::Load::IDLE
     };
     let mut decision =

@@ -45,6 +45,17 @@ impl Floor {
         threshold: 1.0,
     };
 
+    /// A floor of `max_silence` over an idle budget (`freshness_share` of `capacity`, nothing
+    /// in flight, the threshold at 1): what a decision reads before any budget state.
+    pub fn idle(max_silence: std::time::Duration, freshness_share: f64, capacity: u32) -> Floor {
+        Floor {
+            max_silence_ms: Some(i64::try_from(max_silence.as_millis()).unwrap_or(i64::MAX)),
+            inflight: 0,
+            limit: Floor::limit_of(freshness_share, capacity),
+            threshold: 1.0,
+        }
+    }
+
     /// The budget: `max(1, freshness_share × capacity)` floor admissions in flight, where
     /// `capacity` is the in-flight capacity class budgets share
     /// ([`crate::pressure::PressureGauge::capacity`]).

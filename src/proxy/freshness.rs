@@ -71,10 +71,9 @@ impl FreshnessBudget {
             return Floor::OFF;
         };
         Floor {
-            max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
             inflight: self.inflight.load(Ordering::Relaxed),
-            limit: Floor::limit_of(share, capacity),
             threshold: self.threshold(now),
+            ..Floor::idle(max, share, capacity)
         }
     }
 

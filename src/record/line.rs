@@ -184,14 +184,12 @@ impl LoadLine {
     pub fn load(&self, max_silence: Option<std::time::Duration>, share: f64) -> Load {
         let floor = match (max_silence, self.floor) {
             (None, _) => crate::admission::Floor::OFF,
-            (Some(max), f) => crate::admission::Floor {
-                max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
-                inflight: f.map_or(0, |f| f.inflight),
-                limit: f.map_or_else(
-                    || crate::admission::Floor::limit_of(share, self.capacity),
-                    |f| f.limit,
-                ),
-                threshold: f.map_or(1.0, |f| f.threshold),
+            (Some(max), None) => crate::admission::Floor::idle(max, share, self.capacity),
+            (Some(max), Some(f)) => crate::admission::Floor {
+                inflight: f.inflight,
+                limit: f.limit,
+                threshold: f.threshold,
+                ..crate::admission::Floor::idle(max, share, self.capacity)
             },
         };
         Load {

@@ -139,9 +139,9 @@ impl Preview {
             policy.max_silence(id, route)
         }) {
             Some(max) if live.device.is_some() => crate::admission::Floor {
-                max_silence_ms: Some(i64::try_from(max.as_millis()).unwrap_or(i64::MAX)),
-                limit: crate::admission::Floor::limit_of(policy.freshness_share(), load.capacity),
-                ..live.load.floor
+                inflight: live.load.floor.inflight,
+                threshold: live.load.floor.threshold,
+                ..crate::admission::Floor::idle(max, policy.freshness_share(), load.capacity)
             },
             _ => crate::admission::Floor::OFF,
         };
