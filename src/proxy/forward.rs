@@ -88,15 +88,12 @@ where
     let class = snapshot.policy.class_of(stream);
     let counts = snapshot.metrics.counts(stream);
     counts.accepted(shared.sources().now());
-    let (delivery, floor) = match delivery {
-        Some(d) => (Some((d.id, d.at, d.position)), d.floor),
-        None => (None, None),
-    };
+    let mut delivery = delivery;
     let guard = (
         shared.pressure.start(),
         reserved.unwrap_or_else(|| shared.classes.start(class)),
         counts.start(),
-        floor,
+        delivery.as_mut().and_then(|d| d.floor.take()),
     );
     // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
     // generic future directly trips rustc's higher-ranked `Send` inference.
@@ -137,7 +134,9 @@ where
         Ok(r) => r,
         Err(never) => match never {},
     };
-    if let Some((device, at, position)) = delivery
+    if let Some(Delivery {
+        id, at, position, ..
+    }) = delivery
         && response.status().is_success()
         && matches!(
             response.extensions().get::<UpstreamOutcome>(),
@@ -146,10 +145,7 @@ where
     {
         let local = shared.sources().now();
         let corrected = shared.skew.correct(local);
-        if let Some(silence) = shared
-            .devices
-            .delivered(device, at, position, corrected, local)
-        {
+        if let Some(silence) = shared.devices.delivered(id, at, position, corrected, local) {
             m.silence(stream, silence);
         }
     }
