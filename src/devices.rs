@@ -23,6 +23,13 @@ use crate::admission::{Decision, DeviceHistory, Verdict};
 use crate::clock::UnixMillis;
 use crate::extract::DeviceId;
 
+/// The time from `previous` to `tick` (deciseconds of the table), `None` when `previous` is
+/// 0 (never).
+fn since(previous: u32, tick: u32) -> Option<std::time::Duration> {
+    (previous != 0)
+        .then(|| std::time::Duration::from_millis(u64::from(tick.saturating_sub(previous)) * 100))
+}
+
 /// Shards of the table (by the top bits of a device's key).
 pub const SHARDS: usize = 64;
 /// Devices per set.
@@ -372,9 +379,7 @@ impl DeviceTable {
         let gap = if admitted {
             let previous = e.last_admitted;
             e.last_admitted = tick;
-            (previous != 0).then(|| {
-                std::time::Duration::from_millis(u64::from(tick.saturating_sub(previous)) * 100)
-            })
+            since(previous, tick)
         } else {
             None
         };
@@ -429,9 +434,7 @@ impl DeviceTable {
             e.last_seen = tick;
         }
         self.settle(&mut shard, before);
-        (previous != 0).then(|| {
-            std::time::Duration::from_millis(u64::from(tick.saturating_sub(previous)) * 100)
-        })
+        since(previous, tick)
     }
 
     /// Devices past their freshness floor at `now`, in shards `shards` (of [`SHARDS`]): still
