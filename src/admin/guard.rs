@@ -390,8 +390,9 @@ fn json_or_nothing(headers: &HeaderMap) -> Result<(), Refusal> {
             "two Content-Type headers".to_owned(),
         ))),
         (Some(t), None) => {
-            let essence = t.to_str().unwrap_or("").split(';').next().unwrap_or("");
-            if essence.trim().eq_ignore_ascii_case("application/json") {
+            if crate::extract::formats::media_type(t.as_bytes())
+                .eq_ignore_ascii_case(b"application/json")
+            {
                 Ok(())
             } else {
                 Err(Refusal::NotJson(Some(shortened(&String::from_utf8_lossy(
