@@ -380,14 +380,13 @@ fn message_id(out: &mut Vec<u8>, id: &[u8]) {
         end -= 1;
     }
     let digest = sha2::Sha256::digest(id);
-    let mut text = String::with_capacity(end + 20);
-    text.push_str(&head[..end]);
-    text.push_str("…#");
-    for b in &digest[..8] {
-        use std::fmt::Write as _;
-        let _ = write!(text, "{b:02x}");
-    }
-    escaped(out, &text);
+    // The escaped head less its closing quote, then the marker and the hash (hex needs no
+    // escaping), then the quote.
+    escaped(out, &head[..end]);
+    out.pop();
+    out.extend_from_slice("…#".as_bytes());
+    hex(out, &digest[..8]);
+    out.push(b'"');
 }
 
 #[cfg(test)]
