@@ -7,13 +7,15 @@
 //! `1.5 × 5 s / (1 − s)` (bands shed between 10% and 90%); and the share of devices within the
 //! same bound at their own shed share. Medians and worst over the seeds.
 //!
-//! Run: `cargo bench --bench devices` (about a minute once built).
+//! Run: `cargo bench --bench devices` (about a minute once built). The example policy's
+//! freshness floor is off in this comparison: it measures thinning alone.
 //!
 //! `cargo bench --bench devices -- --max-silence 20s [--share 0.1]`: the freshness floor
 //! instead. Each case by device twice in the same run (same seed, arrivals and places): the
 //! example policy with no floor, and with `max_silence` (and `freshness_share`) set on its
 //! streams that name devices. Per band: the p99 over its devices of the longest gap between
-//! admitted fixes both ways, and its floor demand (devices ÷ `max_silence`, fixes a second);
+//! admitted fixes both ways, and its floor demand (devices ÷ `max_silence`, fixes a second)
+//! beside the floor's budget (its in-flight limit over the mean service time);
 //! goodput, admitted p99 and never-shed delivered both ways. Medians and worst over the seeds.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
@@ -27,6 +29,8 @@ use shedgate::demo::sim::fleet::{
 use shedgate::demo::sim::{Replicas, Spread};
 
 const INTERVAL: Duration = Duration::from_secs(5);
+/// The fleet simulator's mean service time (uniform 10–30 ms, `run_fleet`).
+const SERVICE_MEAN: Duration = Duration::from_millis(20);
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -171,8 +175,8 @@ fn main() {
         let share = arg("--share").map_or(0.1, |s| s.parse().expect("a share"));
         return floor(&max_silence, share);
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
-    let policy = Arc::new(shedgate::policy::load_dir(&dir).expect("policies/").policy);
+    // Thinning alone: the example policy with its freshness floor off.
+    let policy = Arc::new(example_policy(None));
     let runtime = runtime();
     let seeds = seeds();
     println!(
@@ -267,9 +271,15 @@ fn floor(max_silence: &str, share: f64) {
         .into_iter()
         .filter(|(name, _, _)| !name.contains("at random") && !name.starts_with("4 replicas, 10x"));
     for (name, workers, replicas) in cases {
+        let n = u32::try_from(replicas.steps.last().map_or(1, |s| s.1).max(1)).unwrap_or(1);
         let case = fleet_case(workers, replicas);
         let runs = paired(&runtime, &case, &seeds, (&off, true), (&on, true));
-        println!("\n{name}:");
+        // The floor's budget: per replica max(1, share x its in-flight capacity, here its
+        // part of the upstream's workers) admissions in flight, each held for the
+        // simulator's mean service time.
+        let limit = n * shedgate::admission::Floor::limit_of(share, workers / n);
+        let budget = f64::from(limit) / SERVICE_MEAN.as_secs_f64();
+        println!("\n{name}: floor budget {limit} in flight, about {budget:.0} fixes/s");
         let col = |f: &dyn Fn(&shedgate::demo::sim::fleet::FleetFigures) -> f64, floored: bool| {
             runs.iter()
                 .map(|(a, b)| f(if floored { b } else { a }))
@@ -303,9 +313,10 @@ fn floor(max_silence: &str, share: f64) {
             let gap = |floored: bool| col(&|r| gap_quantile(&r.gaps, b, 0.99), floored);
             #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
             let demand = devices as f64 / secs;
+            let fits = if demand <= budget { "fits" } else { "over" };
             println!(
-                "  {}: {devices} devices, floor demand {demand:.0} fixes/s; p99 longest gap \
-                 median {:.1} s off, {:.1} s on (worst {:.1} s)",
+                "  {}: {devices} devices, floor demand {demand:.0} fixes/s ({fits} the budget); \
+                 p99 longest gap median {:.1} s off, {:.1} s on (worst {:.1} s)",
                 band_name(b),
                 median(gap(false)),
                 median(gap(true)),
