@@ -22,6 +22,7 @@ use crate::clock::UnixMillis;
 use crate::config::{Config, ServeArgs};
 use crate::policy::{self, Policy, Supersession};
 
+pub mod floor;
 pub mod geography;
 pub mod sim;
 
@@ -52,6 +53,10 @@ pub struct DemoArgs {
     /// its devices report `--overload` times less often), seconds.
     #[arg(long, default_value_t = 1.0)]
     pub report_seconds: f64,
+    /// The freshness floor of the demo's device streams, set on a copy of the policy: a
+    /// duration (`3s`) or `off`; by default the policy's own (docs/decision.md "Devices").
+    #[arg(long, value_parser = floor::parse_max_silence)]
+    pub max_silence: Option<floor::MaxSilence>,
 }
 
 /// Stream mix of the demo traffic: (stream, share). Streams not in the policy are unknown,
@@ -146,7 +151,14 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 /// # Errors
 /// When the policy does not load or a listener cannot bind.
 pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn std::error::Error>> {
-    let policy = policy::load_dir(&args.policies)?.policy;
+    let copy = args
+        .max_silence
+        .map(|f| floor::policy_copy(&args.policies, f))
+        .transpose()?;
+    let policies = copy
+        .as_ref()
+        .map_or_else(|| args.policies.clone(), |c| c.path().to_owned());
+    let policy = policy::load_dir(&policies)?.policy;
     let service = Duration::from_millis(args.service_ms.max(1));
     let sim = crate::demo::sim::Simulator::new(
         args.workers.max(1),
@@ -160,7 +172,7 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
         listen: Some("127.0.0.1:0".parse()?),
         admin_listen: Some("127.0.0.1:0".parse()?),
         upstream: Some(format!("http://{upstream_addr}")),
-        policies: Some(args.policies.clone()),
+        policies: Some(policies),
         latency_target: Some(Duration::from_millis(args.service_ms * 3 / 2).into()),
         upstream_timeout: Some(Duration::from_secs(5).into()),
         ..ServeArgs::default()
@@ -462,8 +474,13 @@ fn print_dark(report: &Report, fleet: usize, args: &DemoArgs) {
             .or_default()
             .push(longest.max(to - last));
     }
+    let floor = match args.max_silence {
+        Some(floor::MaxSilence::On(d)) => format!("; freshness floor {:.1} s", d.as_secs_f64()),
+        Some(floor::MaxSilence::Off) => "; freshness floor off".into(),
+        None => String::new(),
+    };
     println!(
-        "\n== devices in the overload: {fleet}, each reporting every {:.1} s there ==",
+        "\n== devices in the overload: {fleet}, each reporting every {:.1} s there{floor} ==",
         args.report_seconds
     );
     println!(

@@ -292,6 +292,11 @@ async fn the_demo_delivers_every_never_shed_event() {
         overload: 4.0,
         seed: 3,
         report_seconds: 1.0,
+        // A floor shorter than the overload, on a copy of the policy: never-shed events are
+        // delivered all the same.
+        max_silence: Some(shedgate::demo::floor::MaxSilence::On(
+            std::time::Duration::from_millis(500),
+        )),
     };
     let report = shedgate::demo::run_demo(&args, false).await.unwrap();
     let policy = shedgate::policy::load_dir(&args.policies).unwrap().policy;
