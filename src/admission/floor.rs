@@ -73,22 +73,43 @@ impl Floor {
     /// new to this replica, after a restart or from a sender that changes its id, would
     /// otherwise outrank them all).
     pub fn check(&self, history: &DeviceHistory) -> Option<FloorVerdict> {
-        let max = self.max_silence_ms?;
-        let silence = history
-            .since_delivered_ms
-            .unwrap_or_else(|| max.saturating_add(1));
-        if silence <= max {
-            return None;
-        }
-        #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
-        let needed = max as f64 * self.threshold.max(1.0);
-        #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
-        let long_enough = silence as f64 > needed;
-        Some(if self.inflight < self.limit && long_enough {
+        let silence = self.silence_past(history)?;
+        Some(if self.inflight < self.limit && self.long_enough(silence) {
             FloorVerdict::Admitted
         } else {
             FloorVerdict::Denied
         })
+    }
+
+    /// Whether a candidate of `history` was silent long enough for the threshold, and so was
+    /// denied only because the budget was spent: the budget's state raises the threshold
+    /// after a second with such a denial ([`crate::proxy`]'s floor state). `false` when the
+    /// floor does not apply.
+    pub fn met_a_full_budget(&self, history: &DeviceHistory) -> bool {
+        self.inflight >= self.limit
+            && self
+                .silence_past(history)
+                .is_some_and(|s| self.long_enough(s))
+    }
+
+    /// The device's silence, milliseconds, when it is past `max_silence` (never delivered:
+    /// just past it).
+    fn silence_past(&self, history: &DeviceHistory) -> Option<i64> {
+        let max = self.max_silence_ms?;
+        let silence = history
+            .since_delivered_ms
+            .unwrap_or_else(|| max.saturating_add(1));
+        (silence > max).then_some(silence)
+    }
+
+    /// Whether `silence` (milliseconds) exceeds `threshold × max_silence`.
+    fn long_enough(&self, silence: i64) -> bool {
+        let max = self.max_silence_ms.unwrap_or(0);
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
+        let needed = max as f64 * self.threshold.max(1.0);
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
+        let long_enough = silence as f64 > needed;
+        long_enough
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::admission::Floor;
+use crate::admission::{DeviceHistory, Floor};
 use crate::clock::UnixMillis;
 
 /// How far the threshold moves after a second: up after a second in which a floor candidate
@@ -116,10 +116,12 @@ impl FreshnessBudget {
         }
     }
 
-    /// Notes a floor candidate denied at `now` with `floor` as it read it: a full budget
-    /// raises the next second's threshold.
-    pub fn denied(&self, floor: &Floor, now: UnixMillis) {
-        if floor.inflight >= floor.limit {
+    /// Notes a floor candidate of `history` denied at `now` with `floor` as it read it: one
+    /// silent long enough for the threshold that met a full budget raises the next second's
+    /// threshold. A candidate below the threshold moves nothing: counting it would raise the
+    /// threshold every second the budget is busy, up to its highest, shutting the floor.
+    pub fn denied(&self, floor: &Floor, history: &DeviceHistory, now: UnixMillis) {
+        if floor.met_a_full_budget(history) {
             let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
             self.roll(&mut w, now.0.div_euclid(1000));
             w.full = true;
@@ -159,6 +161,13 @@ mod tests {
 
     const MAX: Option<Duration> = Some(Duration::from_secs(5));
 
+    fn silent_for(ms: i64) -> DeviceHistory {
+        DeviceHistory {
+            since_delivered_ms: Some(ms),
+            ..DeviceHistory::new(0.5)
+        }
+    }
+
     #[test]
     fn a_full_budget_raises_the_threshold_and_room_lowers_it() {
         let b = Arc::new(FreshnessBudget::default());
@@ -168,9 +177,9 @@ mod tests {
         let held = b.start();
         let full = b.floor(MAX, 0.1, 10, at(0));
         assert_eq!(full.inflight, 1);
-        b.denied(&full, at(0));
+        b.denied(&full, &silent_for(6_000), at(0));
         assert_eq!(b.floor(MAX, 0.1, 10, at(1)).threshold, 2.0);
-        b.denied(&b.floor(MAX, 0.1, 10, at(1)), at(1));
+        b.denied(&b.floor(MAX, 0.1, 10, at(1)), &silent_for(11_000), at(1));
         assert_eq!(b.floor(MAX, 0.1, 10, at(2)).threshold, 4.0);
         drop(held);
         assert_eq!(b.inflight(), 0);
@@ -179,11 +188,29 @@ mod tests {
         assert_eq!(b.floor(MAX, 0.1, 10, at(6)).threshold, 1.0);
     }
 
+    /// A busy budget denies every candidate; only those silent long enough for the threshold
+    /// raise it. Counting the rest ratcheted the threshold to its highest within seconds of
+    /// a busy budget and shut the floor: in the demo at 4x with `max_silence` 6 s, 26 fixes
+    /// admitted by the floor in 10 s and 1,000 denied.
+    #[test]
+    fn a_candidate_below_the_threshold_does_not_raise_it() {
+        let b = Arc::new(FreshnessBudget::default());
+        let at = |s: i64| UnixMillis(s * 1000 + 300);
+        let _held = b.start();
+        b.denied(&b.floor(MAX, 0.1, 10, at(0)), &silent_for(6_000), at(0));
+        assert_eq!(b.floor(MAX, 0.1, 10, at(1)).threshold, 2.0);
+        // At threshold 2, a device silent 6 s (under 10 s) is denied and moves nothing.
+        for _ in 0..100 {
+            b.denied(&b.floor(MAX, 0.1, 10, at(1)), &silent_for(6_000), at(1));
+        }
+        assert_eq!(b.floor(MAX, 0.1, 10, at(2)).threshold, 1.0);
+    }
+
     #[test]
     fn a_denial_below_the_budget_moves_nothing() {
         let b = FreshnessBudget::default();
         let f = b.floor(MAX, 0.5, 10, UnixMillis(0));
-        b.denied(&f, UnixMillis(0));
+        b.denied(&f, &silent_for(60_000), UnixMillis(0));
         assert_eq!(b.floor(MAX, 0.5, 10, UnixMillis(1000)).threshold, 1.0);
         assert_eq!(b.floor(None, 0.5, 10, UnixMillis(1000)), Floor::OFF);
     }

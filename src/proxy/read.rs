@@ -218,8 +218,8 @@ where
     decision.schedule = schedule;
     if let Some(floor) = decision.floor {
         m.floor(stream, floor);
-        if floor == FloorVerdict::Denied {
-            shared.freshness.denied(&load.floor, local_now);
+        if let (FloorVerdict::Denied, Some(history)) = (floor, &decision.device) {
+            shared.freshness.denied(&load.floor, history, local_now);
         }
     }
     shared.preview(

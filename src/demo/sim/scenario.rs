@@ -433,8 +433,10 @@ pub async fn run_scenario_phased(
                         .0
                 }
             };
-            if decision.floor == Some(crate::admission::FloorVerdict::Denied) {
-                floors.denied(&load.floor, now_wall);
+            if let (Some(crate::admission::FloorVerdict::Denied), Some(history)) =
+                (decision.floor, &decision.device)
+            {
+                floors.denied(&load.floor, history, now_wall);
             }
             let floor_guard =
                 (decision.rule == crate::admission::Rule::Freshness).then(|| floors.start());
