@@ -528,18 +528,6 @@ fn device_trust(
     Ok(trust)
 }
 
-/// The grammar of names that become metric labels (streams and areas): 1..=64 characters of
-/// `[A-Za-z0-9_.-]`, so no two names can render as one label value (`\` and `"` are escaped
-/// in the exposition format, which made `dock\A` and `dock\\A` collide) and a header value
-/// can name any of them.
-pub(super) fn label_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-}
-
 /// Best effort: the line and column of the table header `[table."name"]` (or with the name
 /// bare or single-quoted) in `text`, for errors about a table key.
 fn table_line(text: &str, table: &str, name: &str) -> Option<(usize, usize)> {

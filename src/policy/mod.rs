@@ -54,6 +54,18 @@ pub const DEFAULT_FRESHNESS_SHARE: f64 = 0.1;
 /// The H3 resolution of the area key (docs/decision.md "Areas": about a metropolitan area).
 pub const AREA_RESOLUTION: Resolution = Resolution::Four;
 
+/// The grammar of names that become metric labels (streams, areas and schedules): 1..=64
+/// characters of `[A-Za-z0-9_.-]`, so no two names can render as one label value (`\` and `"`
+/// are escaped in the exposition format, which made `dock\A` and `dock\\A` collide) and a
+/// header value can name any of them.
+fn label_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
 /// Whether a later event supersedes this one (docs/decision.md "Supersession first").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -86,7 +86,7 @@ pub(super) fn compile_schedules(
             },
             message,
         };
-        if !super::compile::label_name_ok(&s.name) {
+        if !super::label_name_ok(&s.name) {
             return Err(err(
                 "name",
                 format!(
