@@ -320,7 +320,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     // Regions first: every file parsed once and the tiling cost summed, so that a policy over
     // the limits is refused before any tiling time is spent.
     let (parsed_regions, region_positions) =
-        super::regions::parse_regions(files, &af.areas, &areas_path)?;
+        super::regions::parse_regions(&files.regions, &af.areas, &areas_path)?;
     let mut areas: Vec<Area> = Vec::with_capacity(af.areas.len());
     let mut cells: Lookup<u64, AreaId> = Lookup::default();
     for (i, a) in af.areas.into_iter().enumerate() {

@@ -1,10 +1,9 @@
 //! Region files within bounds: read at most [`MAX_REGION_FILE_BYTES`] each, parsed once, and
 //! counted against [`MAX_REGION_POSITIONS`] before any tiling time is spent.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use super::source::PolicyFiles;
 use super::{Location, PolicyError, geo};
 
 /// Largest region file, bytes (16 MiB): refused before it is parsed.
@@ -40,9 +39,11 @@ pub(super) fn read_region(path: &Path) -> Result<String, String> {
 /// Parses every region file the areas name, once each, within [`MAX_REGION_FILE_BYTES`] per
 /// file and [`MAX_REGION_POSITIONS`] per policy, both for the positions the files hold and
 /// for the positions the areas will tile (a file tiled by many areas counts each time).
-/// Returns the parsed files by path and the positions they hold.
+/// `regions` are the policy's region files as its source holds them (`PolicyFiles`): relative
+/// path → contents, or the read error. Returns the parsed files by path and the positions
+/// they hold.
 pub(super) fn parse_regions(
-    files: &PolicyFiles,
+    regions: &BTreeMap<String, Result<String, String>>,
     areas: &[super::file::AreaSection],
     areas_path: &Path,
 ) -> Result<(HashMap<String, geo::Regions>, usize), PolicyError> {
@@ -66,7 +67,7 @@ pub(super) fn parse_regions(
             message: format!("{}: {message}", path.0),
         };
         if !parsed.contains_key(&path.0) {
-            let text = match files.regions.get(&path.0) {
+            let text = match regions.get(&path.0) {
                 Some(Ok(text)) => text,
                 Some(Err(e)) => return Err(refuse(format!("cannot read: {e}"))),
                 None => return Err(refuse("not read".into())),
