@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Mode, file};
+use super::Mode;
 
 /// Priority class (docs/decision.md "Priority classes and budgets").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
@@ -58,14 +58,6 @@ impl Disable {
             Disable::No => false,
             Disable::Indefinitely => true,
             Disable::Until(until) => now < until,
-        }
-    }
-
-    pub(super) fn from_parts(enabled: Option<bool>, until: Option<file::UntilValue>) -> Self {
-        match (enabled.unwrap_or(true), until) {
-            (true, _) => Disable::No,
-            (false, None) => Disable::Indefinitely,
-            (false, Some(u)) => Disable::Until(u.0),
         }
     }
 }

@@ -502,6 +502,18 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     })
 }
 
+// The switch as the files state it (`enabled`, `until`): compiled here, beside the files'
+// schema, so that class.rs knows nothing of the schema.
+impl Disable {
+    pub(super) fn from_parts(enabled: Option<bool>, until: Option<file::UntilValue>) -> Self {
+        match (enabled.unwrap_or(true), until) {
+            (true, _) => Disable::No,
+            (false, None) => Disable::Indefinitely,
+            (false, Some(u)) => Disable::Until(u.0),
+        }
+    }
+}
+
 /// `[defaults] max_speed` and `device_placeholders` compiled; an error names the field, the
 /// offset of its value when known, and what is wrong.
 fn device_trust(
