@@ -27,25 +27,10 @@
 
 use super::tuning::Tuning;
 
-/// Ticks in a row with the latency error of a cold replica within [`SETTLED`] (and an effort
-/// built) before it probes: one second.
-pub const SETTLE_TICKS: u32 = 20;
-/// Largest latency error, as a share of the target, of a loop that has settled.
-pub const SETTLED: f64 = 0.1;
-/// Shedding effort the probe gives up, load-index units.
-pub const STEP: f64 = 0.25;
-/// Ticks the lowered effort is held; the second half is measured (the first lets the extra
-/// requests be answered and the latency smoothing follow): half a second.
-pub const PROBE_TICKS: u32 = 10;
-/// Share by which the mean in-flight count must have grown for the probe to say anything, and
-/// by less than which its arrivals must have moved (more in flight because more arrived says
-/// nothing).
-pub const MORE: f64 = 0.1;
-/// Largest rise of the smoothed latency over the probe, as a share of the target, for the
-/// upstream to have had room.
-pub const RISE: f64 = 0.05;
-/// Smallest mean in-flight count over the settled second for a replica to probe, requests.
-pub const MIN_INFLIGHT: f64 = 3.0;
+// The probe's tuned values are defined with the controller's other constants
+// (`constants.rs`), so that `tuning.rs` defaults to them without naming this module (which
+// reads a `Tuning`); their paths stay here.
+pub use super::constants::{MIN_INFLIGHT, MORE, PROBE_TICKS, RISE, SETTLE_TICKS, SETTLED, STEP};
 
 /// What the controller sees of a cold replica at a tick.
 #[derive(Debug, Clone, Copy)]

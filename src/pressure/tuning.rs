@@ -1,6 +1,7 @@
 //! The controller's tuned values as one overridable set: every named constant of
-//! `constants.rs`, `noload.rs` and `probe.rs`, and the numbers that were inlined in the rules,
-//! each defaulting to its constant. A [`Controller`](super::Controller) reads them from the
+//! `constants.rs` (the no-load learner's and the cold probe's among them, which `noload.rs` and
+//! `probe.rs` re-export), and the numbers that were inlined in the rules, each defaulting to
+//! its constant. A [`Controller`](super::Controller) reads them from the
 //! [`Tuning`] its [`ControllerConfig`](super::ControllerConfig) names, so a test or a bench can
 //! remove a rule or perturb a value without a rebuild (`cargo bench --bench fleet -- --tuning
 //! REST_MARGIN=0`, or `SHEDGATE_TUNING=REST_MARGIN=0` for the scenario tests): the ablation in
@@ -13,7 +14,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{constants, noload, probe};
+use super::constants;
 
 /// A tuned value's type: how an override's text reads as one, and how it reads back.
 trait Value: Sized {
@@ -203,56 +204,57 @@ tuning! {
     SCHEDULE_RUN => schedule_run: u32 = constants::SCHEDULE_RUN;
     /// `UNVERIFIED_SETPOINT` in `src/pressure/constants.rs`.
     UNVERIFIED_SETPOINT => unverified_setpoint: f64 = constants::UNVERIFIED_SETPOINT;
-    /// [`noload::LEARN_TAU`], seconds.
-    LEARN_TAU => learn_tau: Duration = noload::LEARN_TAU;
-    /// [`noload::GROWTH_TICKS`], at most [`noload::MAX_GROWTH_TICKS`].
-    GROWTH_TICKS => growth_ticks: u32 = noload::GROWTH_TICKS;
-    /// [`noload::GROWTH_MIN`], requests.
-    GROWTH_MIN => growth_min: f64 = noload::GROWTH_MIN;
-    /// [`noload::GROWTH_SHARE`], shares.
-    GROWTH_SHARE => growth_share: f64 = noload::GROWTH_SHARE;
-    /// [`noload::SUSTAINED_TICKS`].
-    SUSTAINED_TICKS => sustained_ticks: u32 = noload::SUSTAINED_TICKS;
-    /// [`noload::RAMP_RISE`].
-    RAMP_RISE => ramp_rise: f64 = noload::RAMP_RISE;
-    /// [`noload::RAMP_TICKS`].
-    RAMP_TICKS => ramp_ticks: u32 = noload::RAMP_TICKS;
-    /// [`noload::RAMP_TEST_FALL`].
-    RAMP_TEST_FALL => ramp_test_fall: f64 = noload::RAMP_TEST_FALL;
-    /// [`noload::RAMP_TEST_MIN_RISE`].
-    RAMP_TEST_MIN_RISE => ramp_test_min_rise: f64 = noload::RAMP_TEST_MIN_RISE;
-    /// [`noload::RAMP_TEST_LATENCIES`].
-    RAMP_TEST_LATENCIES => ramp_test_latencies: f64 = noload::RAMP_TEST_LATENCIES;
-    /// [`noload::RAMP_TEST_TAUS`].
-    RAMP_TEST_TAUS => ramp_test_taus: f64 = noload::RAMP_TEST_TAUS;
-    /// [`noload::REST_HOLD_TICKS`].
-    REST_HOLD_TICKS => rest_hold_ticks: u32 = noload::REST_HOLD_TICKS;
-    /// [`noload::UNDER_USED`].
-    UNDER_USED => under_used: f64 = noload::UNDER_USED;
-    /// [`noload::UNDER_USED_TICKS`].
-    UNDER_USED_TICKS => under_used_ticks: u32 = noload::UNDER_USED_TICKS;
-    /// [`noload::OVER_TARGET`].
-    OVER_TARGET => over_target: f64 = noload::OVER_TARGET;
-    /// [`noload::COLD_UNDER_USED_TICKS`].
-    COLD_UNDER_USED_TICKS => cold_under_used_ticks: u32 = noload::COLD_UNDER_USED_TICKS;
-    /// [`noload::LONG_UNDER_USED_TICKS`].
-    LONG_UNDER_USED_TICKS => long_under_used_ticks: u32 = noload::LONG_UNDER_USED_TICKS;
-    /// [`noload::COLD_AT_TARGET`].
-    COLD_AT_TARGET => cold_at_target: f64 = noload::COLD_AT_TARGET;
-    /// [`probe::SETTLE_TICKS`].
-    SETTLE_TICKS => settle_ticks: u32 = probe::SETTLE_TICKS;
-    /// [`probe::SETTLED`].
-    SETTLED => settled: f64 = probe::SETTLED;
-    /// [`probe::STEP`].
-    STEP => step: f64 = probe::STEP;
-    /// [`probe::PROBE_TICKS`].
-    PROBE_TICKS => probe_ticks: u32 = probe::PROBE_TICKS;
-    /// [`probe::MORE`].
-    MORE => more: f64 = probe::MORE;
-    /// [`probe::RISE`].
-    RISE => rise: f64 = probe::RISE;
-    /// [`probe::MIN_INFLIGHT`].
-    MIN_INFLIGHT => min_inflight: f64 = probe::MIN_INFLIGHT;
+    /// [`constants::LEARN_TAU`], seconds.
+    LEARN_TAU => learn_tau: Duration = constants::LEARN_TAU;
+    /// [`constants::GROWTH_TICKS`], at most
+    /// [`MAX_GROWTH_TICKS`](super::noload::MAX_GROWTH_TICKS).
+    GROWTH_TICKS => growth_ticks: u32 = constants::GROWTH_TICKS;
+    /// [`constants::GROWTH_MIN`], requests.
+    GROWTH_MIN => growth_min: f64 = constants::GROWTH_MIN;
+    /// [`constants::GROWTH_SHARE`], shares.
+    GROWTH_SHARE => growth_share: f64 = constants::GROWTH_SHARE;
+    /// [`constants::SUSTAINED_TICKS`].
+    SUSTAINED_TICKS => sustained_ticks: u32 = constants::SUSTAINED_TICKS;
+    /// [`constants::RAMP_RISE`].
+    RAMP_RISE => ramp_rise: f64 = constants::RAMP_RISE;
+    /// [`constants::RAMP_TICKS`].
+    RAMP_TICKS => ramp_ticks: u32 = constants::RAMP_TICKS;
+    /// [`constants::RAMP_TEST_FALL`].
+    RAMP_TEST_FALL => ramp_test_fall: f64 = constants::RAMP_TEST_FALL;
+    /// [`constants::RAMP_TEST_MIN_RISE`].
+    RAMP_TEST_MIN_RISE => ramp_test_min_rise: f64 = constants::RAMP_TEST_MIN_RISE;
+    /// [`constants::RAMP_TEST_LATENCIES`].
+    RAMP_TEST_LATENCIES => ramp_test_latencies: f64 = constants::RAMP_TEST_LATENCIES;
+    /// [`constants::RAMP_TEST_TAUS`].
+    RAMP_TEST_TAUS => ramp_test_taus: f64 = constants::RAMP_TEST_TAUS;
+    /// [`constants::REST_HOLD_TICKS`].
+    REST_HOLD_TICKS => rest_hold_ticks: u32 = constants::REST_HOLD_TICKS;
+    /// [`constants::UNDER_USED`].
+    UNDER_USED => under_used: f64 = constants::UNDER_USED;
+    /// [`constants::UNDER_USED_TICKS`].
+    UNDER_USED_TICKS => under_used_ticks: u32 = constants::UNDER_USED_TICKS;
+    /// [`constants::OVER_TARGET`].
+    OVER_TARGET => over_target: f64 = constants::OVER_TARGET;
+    /// [`constants::COLD_UNDER_USED_TICKS`].
+    COLD_UNDER_USED_TICKS => cold_under_used_ticks: u32 = constants::COLD_UNDER_USED_TICKS;
+    /// [`constants::LONG_UNDER_USED_TICKS`].
+    LONG_UNDER_USED_TICKS => long_under_used_ticks: u32 = constants::LONG_UNDER_USED_TICKS;
+    /// [`constants::COLD_AT_TARGET`].
+    COLD_AT_TARGET => cold_at_target: f64 = constants::COLD_AT_TARGET;
+    /// [`constants::SETTLE_TICKS`].
+    SETTLE_TICKS => settle_ticks: u32 = constants::SETTLE_TICKS;
+    /// [`constants::SETTLED`].
+    SETTLED => settled: f64 = constants::SETTLED;
+    /// [`constants::STEP`].
+    STEP => step: f64 = constants::STEP;
+    /// [`constants::PROBE_TICKS`].
+    PROBE_TICKS => probe_ticks: u32 = constants::PROBE_TICKS;
+    /// [`constants::MORE`].
+    MORE => more: f64 = constants::MORE;
+    /// [`constants::RISE`].
+    RISE => rise: f64 = constants::RISE;
+    /// [`constants::MIN_INFLIGHT`].
+    MIN_INFLIGHT => min_inflight: f64 = constants::MIN_INFLIGHT;
 }
 
 impl Default for Tuning {
