@@ -58,7 +58,8 @@
 //! - [`upstream`]: the pooled proxy client, header hygiene, and the reader of the upstream's
 //!   ORCA load report (`upstream::load_report`).
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the
-//!   service, read, budget, forward), holding in-flight accounting until the body ends.
+//!   service, read, budget, forward, and `proxy::shed`, the answer when a budget runs out),
+//!   holding in-flight accounting until the body ends.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/policy`, `/reload`,
 //!   `/pressure`, `/stats`), behind its guard (`admin::guard`: only requests addressed to it;
 //!   state changes never from a browser, and from beyond loopback only with its token).

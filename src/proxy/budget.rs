@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use http::Response;
 
 use super::Shared;
-use super::forward::shed_outside_decide;
+use super::shed::shed_outside_decide;
 use crate::admission::{Load, ShedReason, Verdict};
 use crate::edge::rejection::Body;
 use crate::live::store::Snapshot;

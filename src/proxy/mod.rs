@@ -10,10 +10,10 @@
 //! future): `layer.rs` (configuration), `service.rs` (the framing check, then the branch),
 //! `resolve.rs` (route and stream before the body), `read.rs` (a sheddable body read and
 //! decided), `memory.rs` (the budget of buffered body bytes), `budget.rs` (class budgets
-//! and the capped wait), `freshness.rs` (the freshness floor's budget), `forward.rs` (in-flight
-//! accounting and the upstream call), `future.rs` (the response future), `body.rs` (the
-//! body wrappers), and `record.rs` (the access log's entry and the preview's shadow
-//! decision).
+//! and the capped wait), `shed.rs` (the answer when either budget runs out),
+//! `freshness.rs` (the freshness floor's budget), `forward.rs` (in-flight accounting and the
+//! upstream call), `future.rs` (the response future), `body.rs` (the body wrappers), and
+//! `record.rs` (the access log's entry and the preview's shadow decision).
 
 mod body;
 mod budget;
@@ -26,6 +26,7 @@ mod read;
 mod record;
 mod resolve;
 mod service;
+mod shed;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -14,9 +14,9 @@ use tower::Service;
 
 use super::Shared;
 use super::budget::{capped, hold_for_room};
-use super::forward::shed_outside_decide;
 use super::forward::{Delivery, forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation};
+use super::shed::shed_outside_decide;
 use crate::BoxError;
 use crate::admission::trust::{PackedPoint, judge};
 use crate::admission::{

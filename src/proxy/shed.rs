@@ -1,0 +1,62 @@
+//! A shed decided outside [`crate::admission::decide`] (a capped class's wait or the buffered
+//! bytes ran out): its 503 answer, counted and logged like any shed.
+
+use http::Response;
+
+use super::Shared;
+use crate::admission::ShedReason;
+use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
+use crate::live::store::Snapshot;
+use crate::metrics::Outcome;
+use crate::policy::StreamId;
+use crate::record::Note;
+
+/// Sheds a request for `reason`, decided outside [`crate::admission::decide`] (a capped
+/// class's wait ran out: [`ShedReason::Budget`]; the buffered bytes ran out:
+/// [`ShedReason::Memory`]): 503 + `Retry-After` with the explanation, counted like any shed,
+/// and logged. The sender keeps the event and resends.
+pub(super) fn shed_outside_decide(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    stream: Option<StreamId>,
+    reason: ShedReason,
+) -> Response<Body> {
+    let policy = &snapshot.policy;
+    let name = stream.map(|id| policy.stream_policy(id).name.as_str());
+    let logged = name.unwrap_or(crate::policy::UNKNOWN_STREAM);
+    match reason {
+        ShedReason::Budget => tracing::warn!(
+            stream = logged,
+            class = policy.class_of(stream).as_str(),
+            "capped class stayed over its budget for its whole wait: 503, the sender retries"
+        ),
+        ShedReason::Memory => tracing::debug!(
+            stream = logged,
+            limit = shared.buffers.limit(),
+            "buffered body bytes over --max-buffered-bytes: 503, the sender retries"
+        ),
+        ShedReason::Disabled
+        | ShedReason::Stale
+        | ShedReason::Superseded
+        | ShedReason::Pressure => {}
+    }
+    let pressure = shared.pressure.pressure();
+    let decision = crate::admission::Decision::shed_by(reason, policy, pressure);
+    let m = &snapshot.metrics;
+    m.shed(stream, None, decision.verdict);
+    m.request(stream, Outcome::Shed);
+    m.counts(stream).shed(reason, shared.sources().now());
+    let mut response = Rejection::Shed {
+        explanation: Explanation::new(policy, name, &decision),
+        retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
+    }
+    .into_response();
+    shared.note(&mut response, || Note {
+        stream,
+        outcome: Some(Outcome::Shed),
+        reason: Some(reason.as_str()),
+        rule: Some(decision.rule),
+        ..Note::default()
+    });
+    response
+}
