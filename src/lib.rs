@@ -51,10 +51,11 @@
 //!   written off the request path), the replay of a log under a policy, and the preview of a
 //!   candidate policy decided in shadow.
 //! - [`edge`]: client connections (accept, timeouts, idle connections parked, drain, the
-//!   open-files limit and the idle connections closed first when descriptors run low), the
-//!   request-smuggling guard on each connection's raw bytes, the one place where reasons
-//!   become statuses, `Retry-After` and problem+json, and the access-log line of a head
-//!   hyper's parser refused (`edge::refusal`).
+//!   open-files limit and the idle connections closed first when descriptors run low, each
+//!   holding its place among them, `edge::reuse`), the request-smuggling guard on each
+//!   connection's raw bytes, the one place where reasons become statuses, `Retry-After` and
+//!   problem+json, and the access-log line of a head hyper's parser refused
+//!   (`edge::refusal`).
 //! - [`upstream`]: the pooled proxy client, header hygiene, and the reader of the upstream's
 //!   ORCA load report (`upstream::load_report`).
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the

@@ -42,9 +42,9 @@ pub use limit::{Limits, NOMINAL_CONNECTIONS, current_limits, needed, raise_and_l
 
 use std::collections::BTreeMap;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -90,52 +90,6 @@ impl Listener {
         match self {
             Listener::Proxy => "proxy",
             Listener::Admin => "admin",
-        }
-    }
-}
-
-/// A connection's place among the reusable ones, held in its [`Activity`].
-#[derive(Debug, Default)]
-pub struct Reuse {
-    /// Its key in the queue of reusable connections (when it became reusable), 0 when it is
-    /// not queued.
-    key: AtomicU64,
-    /// Set when the connection is told to close (to free a descriptor).
-    evicted: AtomicBool,
-    /// The connection's task, woken when it is told.
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Reuse {
-    /// Ready once the connection has been told to close; registers the task to be woken
-    /// then. Cheap to poll on every wake of the task: one uncontended lock.
-    pub fn poll_evicted(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.evicted.load(Ordering::Acquire) {
-            return Poll::Ready(());
-        }
-        {
-            let mut waker = lock(&self.waker);
-            match &*waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => *waker = Some(cx.waker().clone()),
-            }
-        }
-        if self.evicted.load(Ordering::Acquire) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    }
-
-    /// Resolves once the connection has been told to close ([`Reuse::poll_evicted`]).
-    pub fn evicted(&self) -> impl Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx| self.poll_evicted(cx))
-    }
-
-    /// Wakes the connection's task (after [`Descriptors::drain`] marked it told).
-    fn wake(&self) {
-        if let Some(w) = lock(&self.waker).take() {
-            w.wake();
         }
     }
 }

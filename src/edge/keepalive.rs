@@ -32,8 +32,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::descriptors::Reuse;
 use super::framing::Progress;
+use super::reuse::Reuse;
 
 /// How long a client connection waits between requests before it is parked. A connection
 /// that carries a request every few milliseconds (a busy keep-alive sender) keeps its hyper

@@ -11,5 +11,6 @@ pub mod lifecycle;
 mod protocol;
 pub mod refusal;
 pub mod rejection;
+pub mod reuse;
 pub mod serve;
 pub mod target;
