@@ -23,7 +23,7 @@ use shedgate::extract::{BodyState, Coordinates, EventTime, Facts};
 use shedgate::live::store::Snapshot;
 use shedgate::metrics::{Metrics, Outcome};
 use shedgate::pressure::Pressure;
-use shedgate::record::line::{Format, Formatter};
+use shedgate::record::format::{Format, Formatter};
 use shedgate::record::replay::Run;
 use shedgate::record::{Decided, Entry, Note};
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{ConfigError, ServeArgs, invalid};
-use crate::record::line::Format;
+use crate::record::format::Format;
 use crate::record::privacy::DeviceKey;
 use crate::record::writer::DEFAULT_QUEUE;
 use crate::record::{LogConfig, Sampling, Target};

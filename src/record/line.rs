@@ -16,8 +16,6 @@ use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::pressure::Pressure;
 
-pub use super::format::{Format, Formatter};
-
 /// What the request path's stages know of one request when it is answered, carried in the
 /// response's extensions to the access log (only while one is configured).
 #[derive(Debug, Clone, Default)]
@@ -201,7 +199,7 @@ impl LoadLine {
     }
 }
 
-/// One access-log line (JSON) as replay reads it back; [`Formatter`] writes it. Optional
+/// One access-log line (JSON) as replay reads it back; [`Formatter`](super::format::Formatter) writes it. Optional
 /// fields are left out when they do not apply; strings borrow from the text they were read
 /// from. Field by field in docs/operations.md "Access log".
 #[derive(Debug, Clone, PartialEq, Deserialize)]

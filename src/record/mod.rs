@@ -5,7 +5,7 @@
 //!
 //! - [`line`](mod@line): what the proxy hands over ([`line::Entry`]) and the line it becomes
 //!   ([`line::Line`], which replay reads back).
-//! - `format`: the entry written as that line, by hand ([`line::Formatter`]).
+//! - [`format`](mod@format): the entry written as that line, by hand ([`format::Formatter`]).
 //! - [`privacy`]: the peer cut to its network, device ids keyed-hashed.
 //! - [`writer`]: the bounded queue and the writer thread ([`writer::AccessLog`]), which
 //!   writes lines in the order the requests were answered.
@@ -15,7 +15,7 @@
 //! - [`preview`]: a candidate policy decided in shadow on live traffic
 //!   ([`preview::Preview`]), one at a time ([`preview::PreviewSlot`]).
 
-mod format;
+pub mod format;
 pub mod line;
 pub mod preview;
 pub mod privacy;

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use metrics::Counter;
 
-use super::line::{Entry, Formatter};
+use super::format::Formatter;
+use super::line::Entry;
 use super::sink::{Out, Sink};
 use crate::metrics::{Metrics, Outcome};
 use crate::signals::Signals;
@@ -99,7 +100,7 @@ pub struct LogConfig {
     /// Rates per outcome.
     pub sampling: Sampling,
     /// What a line says of the sender.
-    pub format: super::line::Format,
+    pub format: super::format::Format,
     /// Lines the queue holds before new ones are dropped.
     pub queue: usize,
 }

@@ -193,7 +193,7 @@ fn lines_are_in_the_order_requests_were_answered() {
     let config = LogConfig {
         target: Target::File(path.clone()),
         sampling: Sampling::default(),
-        format: shedgate::record::line::Format {
+        format: shedgate::record::format::Format {
             replica: "replica-a".into(),
             full_peer: false,
             device_key: None,
