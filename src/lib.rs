@@ -19,7 +19,9 @@
 //!
 //! # Layout
 //!
-//! Modules in layer order: each one imports only from the modules listed above it.
+//! Modules in layer order: each one imports only from the modules listed above it. Inside
+//! each module, its own modules refer to each other one way too: no two or more of them in a
+//! circle (`tests/proxy/layering.rs` checks it).
 //!
 //! - [`clock`]: unix milliseconds, the one place that reads the wall clock.
 //! - [`signals`]: process signals, handled from the first line of `main` (a thread of their

@@ -20,6 +20,7 @@ mod harness;
 mod held;
 mod http10;
 mod keepalive;
+mod layering;
 mod lifecycle;
 mod load_report;
 mod log_lines;
