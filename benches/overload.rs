@@ -23,25 +23,20 @@
 #![allow(clippy::cast_possible_truncation, reason = "counts below 2^52")]
 #![allow(clippy::cast_sign_loss, reason = "counts below 2^52")]
 
-use std::convert::Infallible;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use shedgate::clock::Sources;
 use shedgate::config::{Config, ServeArgs};
 use shedgate::demo::sim::{ServiceTime, Simulator, Spread};
-use shedgate::edge::rejection::Body;
-use shedgate::upstream::{HostHeader, Proxy};
-use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tower::{Service, ServiceBuilder, ServiceExt};
 
 const WORKERS: u32 = 8;
 const SERVICE: Duration = Duration::from_millis(20);
@@ -53,9 +48,15 @@ const AFTER: u64 = 4;
 
 use shedgate::demo::sim::MIX;
 
+#[path = "overload/binary.rs"]
+mod binary;
 #[path = "overload/plot.rs"]
 mod plot;
+#[path = "overload/summary.rs"]
+mod summary;
+use binary::start_binary;
 use plot::plot;
+use summary::{calm_after, ms, recovery, summarise};
 
 #[derive(Clone)]
 struct Ev {
@@ -170,180 +171,6 @@ async fn load(
         let _ = t.await;
     }
     secs.lock().unwrap().clone()
-}
-
-/// The binary shedder: `ConcurrencyLimit` + `LoadShed` at the upstream's capacity, in front of
-/// shedgate's proxy service (same client, same header hygiene), 503 when shed.
-async fn start_binary(upstream: &str) -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let proxy = Proxy::new(
-        &upstream.parse().unwrap(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-        1 << 20,
-        HostHeader::Client,
-        &[],
-        shedgate::upstream::HeaderCase::Preserve,
-    );
-    let svc = ServiceBuilder::new()
-        .load_shed()
-        .concurrency_limit(WORKERS as usize)
-        .service(proxy);
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let hsvc =
-                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let mut svc = svc.clone();
-                        async move {
-                            let req =
-                                req.map(|b| b.map_err(shedgate::BoxError::from).boxed_unsync());
-                            let resp: Response<Body> = match svc.ready().await {
-                                Ok(ready) => match ready.call(req).await {
-                                    Ok(r) => r,
-                                    Err(_) => shed(),
-                                },
-                                Err(_) => shed(),
-                            };
-                            Ok::<_, Infallible>(resp)
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), hsvc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
-fn shed() -> Response<Body> {
-    let mut r = Response::new(shedgate::edge::rejection::full(Bytes::new()));
-    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    r
-}
-
-struct Row {
-    name: &'static str,
-    factor: f64,
-    goodput: f64,
-    p50: f64,
-    p99: f64,
-    never: f64,
-    bands: [f64; 3],
-    cv: f64,
-    in_order: String,
-    recover: String,
-    calm: String,
-}
-
-/// Seconds of the overload in which the shed share is non-decreasing over the rank bands
-/// that had traffic (priority areas lose the smallest share), of all overload seconds.
-/// Seconds out of order are listed below the table as `shed/sent` per band.
-fn in_rank_order(name: &str, factor: f64, secs: &[Sec]) -> String {
-    let window = &secs[WARM as usize..(WARM + OVERLOAD) as usize];
-    let mut ordered = 0;
-    for (i, s) in window.iter().enumerate() {
-        let shares: Vec<f64> = s
-            .by_band
-            .iter()
-            .filter(|(sent, _)| *sent > 0)
-            .map(|(sent, shed)| *shed as f64 / *sent as f64)
-            .collect();
-        if shares.windows(2).all(|w| w[0] <= w[1]) {
-            ordered += 1;
-        } else {
-            let bands: Vec<String> = s
-                .by_band
-                .iter()
-                .map(|(sent, shed)| format!("{shed}/{sent}"))
-                .collect();
-            eprintln!(
-                "{name} {factor}x, overload second {i}: shed per band {}",
-                bands.join(" ")
-            );
-        }
-    }
-    format!("{ordered}/{}", window.len())
-}
-
-/// Time from the end of the overload until pressure is below 0.5 for good: the first
-/// 100 ms sample after which every sample is below 0.5 (shedgate only).
-fn calm_after(samples: &[(f64, f64, f64)]) -> String {
-    let end = (WARM + OVERLOAD) as f64;
-    let after: Vec<_> = samples.iter().filter(|s| s.0 >= end).collect();
-    let from = after.iter().rposition(|s| s.1 >= 0.5).map_or(0, |i| i + 1);
-    after
-        .get(from)
-        .map_or("n/a".to_owned(), |s| format!("{:.1} s", s.0 - end))
-}
-
-fn summarise(
-    name: &'static str,
-    factor: f64,
-    capacity: f64,
-    secs: &[Sec],
-    recover: String,
-    calm: String,
-) -> Row {
-    let window = &secs[(WARM + 2) as usize..(WARM + OVERLOAD) as usize];
-    let ok: Vec<f64> = window.iter().map(|s| s.ok as f64).collect();
-    let mean = ok.iter().sum::<f64>() / ok.len() as f64;
-    let cv = (ok.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / ok.len() as f64).sqrt()
-        / mean.max(1e-9);
-    let mut lat: Vec<f64> = window.iter().flat_map(|s| s.lat_ms.clone()).collect();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let pct = |q: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * q) as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
-    let (nev_sent, nev_ok) = secs
-        .iter()
-        .fold((0, 0), |a, s| (a.0 + s.never.0, a.1 + s.never.1));
-    let band = |b: usize| {
-        let (sent, shed) = window
-            .iter()
-            .fold((0, 0), |a, s| (a.0 + s.by_band[b].0, a.1 + s.by_band[b].1));
-        shed as f64 / (sent as f64).max(1.0)
-    };
-    Row {
-        name,
-        factor,
-        goodput: mean / capacity,
-        p50: pct(0.5),
-        p99: pct(0.99),
-        never: nev_ok as f64 / (nev_sent as f64).max(1.0),
-        bands: [band(0), band(1), band(2)],
-        cv,
-        in_order: in_rank_order(name, factor, secs),
-        recover,
-        calm,
-    }
-}
-
-/// A latency percentile in milliseconds for a table cell, `–` where nothing was admitted in
-/// time (the percentile of no samples is NaN).
-fn ms(v: f64) -> String {
-    if v.is_nan() {
-        "–".to_owned()
-    } else {
-        format!("{v:.1}")
-    }
-}
-
-/// Seconds after the overload until a second where everything sent is delivered.
-fn recovery(secs: &[Sec]) -> String {
-    let end = (WARM + OVERLOAD) as usize;
-    secs[end..end + AFTER as usize]
-        .iter()
-        .position(|s| s.sent > 0 && s.ok == s.sent)
-        .map_or(format!(">{AFTER} s"), |i| format!("{} s", i + 1))
 }
 
 /// `--replicas N`: N shedgate processes' worth of proxies (each a full `app::start`, its own
