@@ -3,6 +3,15 @@
 //! plain forward (shedgate's proxy path with admission off: every stream unclassified), and
 //! (c) a binary shedder (tower's `ConcurrencyLimit` + `LoadShed` at the upstream's capacity).
 //!
+//! The events of the streams that name their device (`vehicle.position`, `sensor.reading`)
+//! come from a fleet of devices, each at one place of the real geography, in turn (as the
+//! demo's fleet): the fleet is sized so that each device reports every second at the case's
+//! overload rate (1,080 devices at 3x, 3,600 at 10x). Per run, beside goodput, latency and the
+//! shed share per rank band: the p99 over the fleet's devices of the longest silence in the
+//! overload window (the longest time between two of a device's delivered fixes, or from the
+//! window's start to its first, or from its last to the window's end, as the demo's dark
+//! table). The table's head names the `max_silence` the policy sets (the freshness floor).
+//!
 //! Run: `cargo bench --bench overload` (about three minutes). Prints one table; writes
 //! `docs/overload-shedgate-10x.png` (pressure and shed share per 100 ms of the 10x run, with
 //! title, axis labels, ticks, legend and the overload window named; see `plot`). shedgate
@@ -17,6 +26,14 @@
 //! `-- --random` (with `--replicas`): requests spread over the replicas at random, each on its
 //! own, instead of in turn (kube-proxy's iptables mode picks a backend at random per
 //! connection; many short connections make that per request).
+//!
+//! `cargo bench --bench overload -- --floor-pair [--rounds N]` (N = 3 by default; about a
+//! minute a round): shedgate alone, with `policies/` as it is (floor on: whatever
+//! `max_silence` it sets) and with `max_silence` removed from a copy of it (floor off), at 3x
+//! and 10x, round by round (each round: 3x on, 3x off, 10x on, 10x off). Per factor, floor on
+//! beside floor off: the median over rounds and the spread (min–max) of goodput, p99 latency,
+//! never-shed delivered, the devices' silence p99 and the floor's admissions
+//! (`shedgate_freshness_total`). Each run's figures go to stderr as it ends.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
@@ -36,6 +53,7 @@ use hyper_util::rt::TokioExecutor;
 use shedgate::clock::Sources;
 use shedgate::config::{Config, ServeArgs};
 use shedgate::demo::sim::{ServiceTime, Simulator, Spread};
+use shedgate::policy::Policy;
 use tokio::time::Instant;
 
 const WORKERS: u32 = 8;
@@ -45,18 +63,25 @@ const CLIENT_DEADLINE: Duration = Duration::from_secs(1);
 const WARM: u64 = 2;
 const OVERLOAD: u64 = 8;
 const AFTER: u64 = 4;
+/// The streams whose events come from the fleet's devices: those the example policy reads a
+/// `device_id` of (as the demo's fleet).
+const DEVICE_STREAMS: [&str; 2] = ["vehicle.position", "sensor.reading"];
+/// How often each device of the fleet reports at the case's overload rate.
+const REPORT: Duration = Duration::from_secs(1);
 
 use shedgate::demo::sim::MIX;
 
 #[path = "overload/binary.rs"]
 mod binary;
+#[path = "overload/floor_pair.rs"]
+mod floor_pair;
 #[path = "overload/plot.rs"]
 mod plot;
 #[path = "overload/summary.rs"]
 mod summary;
 use binary::start_binary;
 use plot::plot;
-use summary::{calm_after, ms, recovery, summarise};
+use summary::{Row, calm_after, ms, recovery, summarise};
 
 #[derive(Clone)]
 struct Ev {
@@ -76,12 +101,20 @@ struct Sec {
     lat_ms: Vec<f64>,
 }
 
-fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
-    let sim_events = shedgate::demo::sim::geographic_events(policy, MIX, 20_000, 5);
+/// What one load run saw: per second since its start, and per device of the fleet when its
+/// fixes were delivered (answered 2xx in time), seconds since the start, in no order.
+struct Run {
+    secs: Vec<Sec>,
+    delivered: Vec<Vec<f64>>,
+}
+
+/// `n` events from the real geography with the stream `mix`, ranked by `policy`.
+fn events(policy: &Policy, mix: &[(&'static str, f64)], n: usize, seed: u64) -> Vec<Ev> {
+    let sim_events = shedgate::demo::sim::geographic_events(policy, mix, n, seed);
     sim_events
         .into_iter()
         .map(|e| {
-            let stream = MIX
+            let stream = mix
                 .iter()
                 .map(|(n, _)| *n)
                 .find(|n| policy.stream(n) == e.stream)
@@ -97,21 +130,112 @@ fn events(policy: &shedgate::policy::Policy) -> Vec<Ev> {
         .collect()
 }
 
+/// The traffic of every case: the policy that ranks it and 20,000 events sampled from the
+/// real geography with [`MIX`] (each request draws one).
+struct Traffic {
+    policy: Policy,
+    evs: Vec<Ev>,
+}
+
+impl Traffic {
+    fn new(policy: Policy) -> Traffic {
+        let evs = events(&policy, MIX, 20_000, 5);
+        Traffic { policy, evs }
+    }
+
+    /// Devices in a fleet sized so that each reports every [`REPORT`] at `factor` times
+    /// `capacity` (requests of [`DEVICE_STREAMS`] go to its devices in turn).
+    fn fleet_size(capacity: f64, factor: f64) -> usize {
+        let share: f64 = MIX
+            .iter()
+            .filter(|(s, _)| DEVICE_STREAMS.contains(s))
+            .map(|(_, share)| share)
+            .sum();
+        (capacity * factor * share * REPORT.as_secs_f64()).ceil() as usize
+    }
+
+    /// The fleet of a case at `factor` times `capacity`: its devices' streams (in
+    /// [`DEVICE_STREAMS`]' shares of [`MIX`]) and places; the same fleet for the same size.
+    fn fleet(&self, capacity: f64, factor: f64) -> Vec<Ev> {
+        let mix: Vec<(&'static str, f64)> = MIX
+            .iter()
+            .filter(|(s, _)| DEVICE_STREAMS.contains(s))
+            .copied()
+            .collect();
+        events(&self.policy, &mix, Self::fleet_size(capacity, factor), 6)
+    }
+}
+
+/// The policy's freshness floor, for a table's head: the `max_silence` of each stream and
+/// route that sets one, and the `freshness_share`.
+fn floor_note(policy: &Policy) -> String {
+    let set: Vec<String> = policy
+        .streams()
+        .iter()
+        .filter_map(|s| Some((s.name.clone(), s.max_silence?)))
+        .chain(
+            policy
+                .routes()
+                .iter()
+                .filter_map(|r| Some((format!("route {}", r.prefix), r.max_silence?))),
+        )
+        .map(|(name, d)| format!("{name} {}", humantime::format_duration(d)))
+        .collect();
+    if set.is_empty() {
+        "no max_silence: no freshness floor".to_owned()
+    } else {
+        format!(
+            "max_silence {}; freshness_share {}",
+            set.join(", "),
+            policy.freshness_share()
+        )
+    }
+}
+
+/// The table's head on the fleet (its size at each of `factors` times `capacity`) and the
+/// policy's floor ([`floor_note`]).
+fn print_fleet(capacity: f64, factors: &[f64], policy: &Policy) {
+    let sizes: Vec<String> = factors
+        .iter()
+        .map(|f| format!("{} at {f}x", Traffic::fleet_size(capacity, *f)))
+        .collect();
+    println!(
+        "fleet: {} from devices in turn, each every {} s in the overload ({}); device silence \
+         p99: over the fleet's devices, each one's longest time without a delivered fix in the \
+         overload window",
+        DEVICE_STREAMS.join(" and "),
+        REPORT.as_secs(),
+        sizes.join(", ")
+    );
+    println!("policy: {}", floor_note(policy));
+}
+
+/// The sum of the samples of `name` whose line contains `filter`, in Prometheus text; 0 with
+/// none (an empty sum of floats is −0.0).
+fn metric_sum(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |sum, v| sum + v)
+}
+
 /// Open-loop Poisson load: `phases` of (seconds, multiple of capacity), spread over `urls` in
-/// turn (a round-robin balancer in front of several replicas) or at random, per request.
+/// turn (a round-robin balancer in front of several replicas) or at random, per request. A
+/// request whose drawn event is of [`DEVICE_STREAMS`] is the next device's of `fleet`, in turn.
 async fn load(
     urls: &[String],
     spread: Spread,
     capacity: f64,
     phases: &[(u64, f64)],
-    evs: &[Ev],
+    (evs, fleet): (&[Ev], &[Ev]),
     seed: u64,
-) -> Vec<Sec> {
+) -> Run {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(2048)
         .build_http();
     let total: u64 = phases.iter().map(|p| p.0).sum();
     let secs = Arc::new(Mutex::new(vec![Sec::default(); total as usize + 2]));
+    let delivered = Arc::new(Mutex::new(vec![Vec::new(); fleet.len()]));
     let start = Instant::now();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut at = start;
@@ -119,6 +243,7 @@ async fn load(
     let mut tasks = Vec::new();
     let clock = Sources::system();
     let mut turn = 0usize;
+    let mut next_device = 0usize;
     for &(len, factor) in phases {
         phase_end += Duration::from_secs(len);
         let rate = capacity * factor;
@@ -129,9 +254,17 @@ async fn load(
                 break;
             }
             tokio::time::sleep_until(at).await;
-            let ev = evs[rng.usize(..evs.len())].clone();
+            let mut ev = evs[rng.usize(..evs.len())].clone();
+            let device = (DEVICE_STREAMS.contains(&ev.stream) && !fleet.is_empty()).then(|| {
+                next_device = (next_device + 1) % fleet.len();
+                next_device
+            });
+            if let Some(d) = device {
+                ev = fleet[d].clone();
+            }
+            let id = device.and_then(|d| u32::try_from(d).ok());
             let body =
-                shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now(), None);
+                shedgate::demo::event_body(&mut rng, ev.stream, ev.lat, ev.lon, clock.now(), id);
             let url = &urls[spread.pick(&mut turn, urls.len(), &mut rng)];
             let req = Request::post(url)
                 .header("x-stream", ev.stream)
@@ -139,6 +272,7 @@ async fn load(
                 .body(Full::new(body))
                 .unwrap();
             let (client, secs) = (client.clone(), Arc::clone(&secs));
+            let delivered = Arc::clone(&delivered);
             tasks.push(tokio::spawn(async move {
                 let sent = Instant::now();
                 let second = sent.duration_since(start).as_secs() as usize;
@@ -150,6 +284,9 @@ async fn load(
                 })
                 .await;
                 let ok = matches!(outcome, Ok(Some(s)) if s.is_success());
+                if let (Some(d), true) = (device, ok) {
+                    delivered.lock().unwrap()[d].push(start.elapsed().as_secs_f64());
+                }
                 let mut s = secs.lock().unwrap();
                 let s = &mut s[second];
                 s.sent += 1;
@@ -170,7 +307,112 @@ async fn load(
     for t in tasks {
         let _ = t.await;
     }
-    secs.lock().unwrap().clone()
+    let secs = secs.lock().unwrap().clone();
+    let delivered = std::mem::take(&mut *delivered.lock().unwrap());
+    Run { secs, delivered }
+}
+
+/// Pressure and shed share of `running`, sampled every 100 ms over a run: `(seconds since
+/// the start, pressure, shed share since the last sample)`.
+fn sample(running: &shedgate::app::Running) -> tokio::task::JoinHandle<Vec<(f64, f64, f64)>> {
+    let gauge = Arc::clone(&running.parts.pressure);
+    let metrics = Arc::clone(&running.parts.metrics);
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let (mut last_shed, mut last_all) = (0.0, 0.0);
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let text = metrics.render();
+            let shed = metric_sum(&text, "shedgate_requests_total", "outcome=\"shed\"");
+            let all = metric_sum(&text, "shedgate_requests_total", "");
+            let share = if all > last_all {
+                (shed - last_shed) / (all - last_all)
+            } else {
+                0.0
+            };
+            (last_shed, last_all) = (shed, all);
+            out.push((start.elapsed().as_secs_f64(), gauge.pressure().get(), share));
+            if start.elapsed() > Duration::from_secs(WARM + OVERLOAD + AFTER) {
+                return out;
+            }
+        }
+    })
+}
+
+/// One run of `contender` at `factor` times the capacity, over a fresh upstream: shedgate
+/// and the plain forward read the policy directory `dir`, the binary shedder none. Its row
+/// (with the floor's admissions and denials, shedgate's `shedgate_freshness_total`), and with
+/// `sampled` the pressure and shed share per 100 ms ([`sample`]).
+async fn run_case(
+    contender: &'static str,
+    dir: &Path,
+    factor: f64,
+    traffic: &Traffic,
+    sampled: bool,
+) -> (Row, Vec<(f64, f64, f64)>) {
+    let sim = Simulator::new(WORKERS, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
+    let capacity = sim.capacity();
+    let (up, up_task) = Arc::clone(&sim).serve_http().await.unwrap();
+    let upstream = format!("http://{up}");
+    let mut running = None;
+    let addr = if contender == "binary shedder" {
+        start_binary(&upstream).await
+    } else {
+        let config = Config::from_args(ServeArgs {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            upstream: Some(upstream.clone()),
+            policies: Some(dir.to_owned()),
+            latency_target: Some(TARGET.into()),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        let (r, _) = shedgate::app::start(config, Sources::default())
+            .await
+            .unwrap();
+        let a = r.proxy_addr;
+        running = Some(r);
+        a
+    };
+    let sampler = running.as_ref().filter(|_| sampled).map(sample);
+    let url = vec![format!("http://{addr}/ingest")];
+    let fleet = traffic.fleet(capacity, factor);
+    let phases = [(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)];
+    let run = load(
+        &url,
+        Spread::RoundRobin,
+        capacity,
+        &phases,
+        (&traffic.evs, &fleet),
+        3,
+    )
+    .await;
+    let samples = match sampler {
+        Some(s) => s.await.unwrap(),
+        None => Vec::new(),
+    };
+    let calm = if samples.is_empty() {
+        "n/a".to_owned()
+    } else {
+        calm_after(&samples)
+    };
+    let mut row = summarise(contender, factor, capacity, &run, recovery(&run.secs), calm);
+    if let Some(r) = running {
+        let text = r.parts.metrics.render();
+        let floor = |outcome: &str| {
+            metric_sum(
+                &text,
+                "shedgate_freshness_total",
+                &format!("outcome=\"{outcome}\""),
+            )
+        };
+        row.floor = (floor("admitted"), floor("denied"));
+        r.shutdown().await;
+    }
+    up_task.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (row, samples)
 }
 
 /// `--replicas N`: N shedgate processes' worth of proxies (each a full `app::start`, its own
@@ -184,7 +426,7 @@ async fn replicas(
     grown: bool,
     load_reports: bool,
     policies: &Path,
-    evs: &[Ev],
+    traffic: &Traffic,
 ) {
     let workers = if grown { 3 * WORKERS } else { WORKERS };
     let factors: &[f64] = if grown { &[0.85] } else { &[3.0, 10.0] };
@@ -204,10 +446,15 @@ async fn replicas(
             ""
         },
     );
-    println!(
-        "| replicas | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | seconds in rank order | CV admitted/s | all delivered after |"
+    print_fleet(
+        f64::from(workers) / SERVICE.as_secs_f64(),
+        factors,
+        &traffic.policy,
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| replicas | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | device silence p99 s | seconds in rank order | CV admitted/s | all delivered after |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &factor in factors {
         let sim = Simulator::new(workers, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
         let capacity = sim.capacity();
@@ -236,12 +483,13 @@ async fn replicas(
             .iter()
             .map(|r| format!("http://{}/ingest", r.proxy_addr))
             .collect();
-        let secs = load(
+        let fleet = traffic.fleet(capacity, factor);
+        let run = load(
             &urls,
             spread,
             capacity,
             &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)],
-            evs,
+            (&traffic.evs, &fleet),
             3,
         )
         .await;
@@ -249,12 +497,12 @@ async fn replicas(
             "shedgate",
             factor,
             capacity,
-            &secs,
-            recovery(&secs),
+            &run,
+            recovery(&run.secs),
             String::new(),
         );
         println!(
-            "| {n} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} |",
+            "| {n} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {} | {:.3} | {} |",
             r.factor,
             r.goodput * 100.0,
             ms(r.p50),
@@ -263,6 +511,7 @@ async fn replicas(
             r.bands[0] * 100.0,
             r.bands[1] * 100.0,
             r.bands[2] * 100.0,
+            r.silence_p99,
             r.in_order,
             r.cv,
             r.recover
@@ -275,16 +524,81 @@ async fn replicas(
     }
 }
 
+/// The default table: shedgate, the plain forward and the binary shedder at 1x, 3x and 10x;
+/// the plot of shedgate's 10x run.
+async fn table(root: &Path, policies: &Path, traffic: &Traffic) {
+    // (b): every stream unclassified, so never shed: the proxy path with admission off.
+    let open = tempfile::tempdir().unwrap();
+    std::fs::write(
+        open.path().join("streams.toml"),
+        "[streams.\"none\"]\nsupersession = \"never\"\n",
+    )
+    .unwrap();
+    let mut rows = Vec::new();
+    let mut plot_samples = Vec::new();
+    for factor in [1.0, 3.0, 10.0] {
+        for contender in ["shedgate", "plain forward", "binary shedder"] {
+            let shedgate = contender == "shedgate";
+            let dir = if shedgate { policies } else { open.path() };
+            let (row, samples) = run_case(contender, dir, factor, traffic, shedgate).await;
+            rows.push(row);
+            if factor == 10.0 && shedgate {
+                plot_samples = samples;
+            }
+        }
+    }
+    let capacity = f64::from(WORKERS) / SERVICE.as_secs_f64();
+    println!(
+        "upstream: {WORKERS} workers x {} ms = {capacity:.0} req/s; latency target {} ms; client deadline {} s; load: Poisson, {}% never-shed",
+        SERVICE.as_millis(),
+        TARGET.as_millis(),
+        CLIENT_DEADLINE.as_secs(),
+        5
+    );
+    print_fleet(capacity, &[1.0, 3.0, 10.0], &traffic.policy);
+    println!(
+        "| contender | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | device silence p99 s | seconds in rank order | CV admitted/s | all delivered after | pressure < 0.5 after |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {} | {:.3} | {} | {} |",
+            r.name,
+            r.factor,
+            r.goodput * 100.0,
+            ms(r.p50),
+            ms(r.p99),
+            r.never * 100.0,
+            r.bands[0] * 100.0,
+            r.bands[1] * 100.0,
+            r.bands[2] * 100.0,
+            r.silence_p99,
+            r.in_order,
+            r.cv,
+            r.recover,
+            r.calm
+        );
+    }
+    let out = root.join("docs/overload-shedgate-10x.png");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    plot(&plot_samples, &out);
+    println!("plot: {}", out.display());
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let replicas_arg = args
-        .iter()
-        .position(|a| a == "--replicas")
-        .and_then(|i| args.get(i + 1))
-        .map(|n| {
-            n.parse::<usize>()
-                .expect("--replicas takes a number of replicas")
-        });
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(|n| {
+                n.parse::<usize>()
+                    .unwrap_or_else(|_| panic!("{name} takes a number, got {n:?}"))
+            })
+    };
+    let replicas_arg = value("--replicas");
+    let rounds = value("--rounds").unwrap_or(3).max(1);
+    let pair = args.iter().any(|a| a == "--floor-pair");
     let grown = args.iter().any(|a| a == "--grown");
     let load_reports = args.iter().any(|a| a == "--load-reports");
     let spread = if args.iter().any(|a| a == "--random") {
@@ -292,124 +606,21 @@ fn main() {
     } else {
         Spread::RoundRobin
     };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let policies = root.join("policies");
+    let traffic = Traffic::new(shedgate::policy::load_dir(&policies).unwrap().policy);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        if replicas_arg.is_some() || grown {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let policies = root.join("policies");
-            let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
+        if pair {
+            floor_pair::floor_pair(rounds, &policies, &traffic).await;
+        } else if replicas_arg.is_some() || grown {
             let n = replicas_arg.unwrap_or(1).max(1);
-            replicas(n, spread, grown, load_reports, &policies, &events(&policy)).await;
-            return;
+            replicas(n, spread, grown, load_reports, &policies, &traffic).await;
+        } else {
+            table(root, &policies, &traffic).await;
         }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let policies = root.join("policies");
-        let policy = shedgate::policy::load_dir(&policies).unwrap().policy;
-        let evs = events(&policy);
-        // (b): every stream unclassified, so never shed: the proxy path with admission off.
-        let open = tempfile::tempdir().unwrap();
-        std::fs::write(open.path().join("streams.toml"), "[streams.\"none\"]\nsupersession = \"never\"\n").unwrap();
-        let mut rows = Vec::new();
-        let mut plot_samples = Vec::new();
-        for factor in [1.0, 3.0, 10.0] {
-            for contender in ["shedgate", "plain forward", "binary shedder"] {
-                let sim = Simulator::new(WORKERS, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
-                let capacity = sim.capacity();
-                let (up, up_task) = Arc::clone(&sim).serve_http().await.unwrap();
-                let upstream = format!("http://{up}");
-                let mut running = None;
-                let addr = match contender {
-                    "binary shedder" => start_binary(&upstream).await,
-                    _ => {
-                        let dir = if contender == "shedgate" { policies.clone() } else { open.path().to_owned() };
-                        let config = Config::from_args(ServeArgs {
-                            listen: Some("127.0.0.1:0".parse().unwrap()),
-                            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-                            upstream: Some(upstream.clone()),
-                            policies: Some(dir),
-                            latency_target: Some(TARGET.into()),
-                            ..ServeArgs::default()
-                        })
-                        .unwrap();
-                        let (r, _) = shedgate::app::start(config, Sources::default()).await.unwrap();
-                        let a = r.proxy_addr;
-                        running = Some(r);
-                        a
-                    }
-                };
-                // Pressure and shed share, sampled every 100 ms (shedgate at 10x: the plot).
-                let sampler = running
-                    .as_ref()
-                    .filter(|_| contender == "shedgate")
-                    .map(|r| {
-                    let gauge = Arc::clone(&r.parts.pressure);
-                    let metrics = Arc::clone(&r.parts.metrics);
-                    tokio::spawn(async move {
-                        let start = Instant::now();
-                        let mut out = Vec::new();
-                        let (mut last_shed, mut last_all) = (0.0, 0.0);
-                        loop {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            let text = metrics.render();
-                            let sum = |name: &str, filter: &str| -> f64 {
-                                text.lines()
-                                    .filter(|l| l.starts_with(name) && l.contains(filter))
-                                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                                    .sum()
-                            };
-                            let shed = sum("shedgate_requests_total", "outcome=\"shed\"");
-                            let all = sum("shedgate_requests_total", "");
-                            let share = if all > last_all { (shed - last_shed) / (all - last_all) } else { 0.0 };
-                            (last_shed, last_all) = (shed, all);
-                            out.push((start.elapsed().as_secs_f64(), gauge.pressure().get(), share));
-                            if start.elapsed() > Duration::from_secs(WARM + OVERLOAD + AFTER) {
-                                return out;
-                            }
-                        }
-                    })
-                });
-                let url = vec![format!("http://{addr}/ingest")];
-                let secs = load(&url, Spread::RoundRobin, capacity, &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)], &evs, 3).await;
-                let samples = match sampler {
-                    Some(s) => s.await.unwrap(),
-                    None => Vec::new(),
-                };
-                let calm = if samples.is_empty() { "n/a".to_owned() } else { calm_after(&samples) };
-                rows.push(summarise(contender, factor, capacity, &secs, recovery(&secs), calm));
-                if factor == 10.0 && contender == "shedgate" {
-                    plot_samples = samples;
-                }
-                if let Some(r) = running {
-                    r.shutdown().await;
-                }
-                up_task.abort();
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        }
-        println!(
-            "upstream: {WORKERS} workers x {} ms = {:.0} req/s; latency target {} ms; client deadline {} s; load: Poisson, {}% never-shed",
-            SERVICE.as_millis(),
-            f64::from(WORKERS) / SERVICE.as_secs_f64(),
-            TARGET.as_millis(),
-            CLIENT_DEADLINE.as_secs(),
-            5
-        );
-        println!("| contender | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | seconds in rank order | CV admitted/s | all delivered after | pressure < 0.5 after |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-        for r in &rows {
-            println!(
-                "| {} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {:.3} | {} | {} |",
-                r.name, r.factor, r.goodput * 100.0, ms(r.p50), ms(r.p99), r.never * 100.0,
-                r.bands[0] * 100.0, r.bands[1] * 100.0, r.bands[2] * 100.0, r.in_order, r.cv,
-                r.recover, r.calm
-            );
-        }
-        let out = root.join("docs/overload-shedgate-10x.png");
-        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-        plot(&plot_samples, &out);
-        println!("plot: {}", out.display());
     });
 }

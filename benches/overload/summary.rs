@@ -1,6 +1,6 @@
 //! The overload bench's figures of one run: its table row (a module of `benches/overload.rs`).
 
-use super::{AFTER, OVERLOAD, Sec, WARM};
+use super::{AFTER, OVERLOAD, Run, Sec, WARM};
 
 pub(crate) struct Row {
     pub(crate) name: &'static str,
@@ -14,6 +14,11 @@ pub(crate) struct Row {
     pub(crate) in_order: String,
     pub(crate) recover: String,
     pub(crate) calm: String,
+    /// [`silence_p99`], seconds.
+    pub(crate) silence_p99: f64,
+    /// The floor's admissions and denials over the run (shedgate's
+    /// `shedgate_freshness_total`; 0 for the other contenders).
+    pub(crate) floor: (f64, f64),
 }
 
 /// Seconds of the overload in which the shed share is non-decreasing over the rank bands
@@ -61,10 +66,11 @@ pub(crate) fn summarise(
     name: &'static str,
     factor: f64,
     capacity: f64,
-    secs: &[Sec],
+    run: &Run,
     recover: String,
     calm: String,
 ) -> Row {
+    let secs = &run.secs;
     let window = &secs[(WARM + 2) as usize..(WARM + OVERLOAD) as usize];
     let ok: Vec<f64> = window.iter().map(|s| s.ok as f64).collect();
     let mean = ok.iter().sum::<f64>() / ok.len() as f64;
@@ -98,7 +104,40 @@ pub(crate) fn summarise(
         in_order: in_rank_order(name, factor, secs),
         recover,
         calm,
+        silence_p99: silence_p99(&run.delivered),
+        floor: (0.0, 0.0),
     }
+}
+
+/// The p99 over the fleet's devices of each one's longest silence in the overload window,
+/// seconds: the longest time between two of its delivered fixes, or from the window's start
+/// to its first, or from its last to the window's end (as the demo's dark table); a device
+/// with none delivered in the window is silent all of it. `NaN` without a fleet.
+pub(crate) fn silence_p99(delivered: &[Vec<f64>]) -> f64 {
+    let (from, to) = (WARM as f64, (WARM + OVERLOAD) as f64);
+    let mut longest: Vec<f64> = delivered
+        .iter()
+        .map(|times| {
+            let mut times: Vec<f64> = times
+                .iter()
+                .copied()
+                .filter(|t| (from..to).contains(t))
+                .collect();
+            times.sort_by(f64::total_cmp);
+            let mut last = from;
+            let mut most = 0.0f64;
+            for t in times {
+                most = most.max(t - last);
+                last = t;
+            }
+            most.max(to - last)
+        })
+        .collect();
+    longest.sort_by(f64::total_cmp);
+    longest
+        .get(((longest.len() as f64 - 1.0) * 0.99) as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
 }
 
 /// A latency percentile in milliseconds for a table cell, `–` where nothing was admitted in
