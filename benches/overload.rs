@@ -77,6 +77,8 @@ mod binary;
 mod floor_pair;
 #[path = "overload/plot.rs"]
 mod plot;
+#[path = "overload/replicas.rs"]
+mod replicas;
 #[path = "overload/summary.rs"]
 mod summary;
 use binary::start_binary;
@@ -415,115 +417,6 @@ async fn run_case(
     (row, samples)
 }
 
-/// `--replicas N`: N shedgate processes' worth of proxies (each a full `app::start`, its own
-/// listener and controller, no `--max-inflight`) behind a round-robin spread, in front of one
-/// upstream, at 3x and 10x. `--grown`: the upstream has three times the workers and is
-/// offered 0.85x of that, the case where a fixed concurrency number shed traffic the upstream
-/// had room for.
-async fn replicas(
-    n: usize,
-    spread: Spread,
-    grown: bool,
-    load_reports: bool,
-    policies: &Path,
-    traffic: &Traffic,
-) {
-    let workers = if grown { 3 * WORKERS } else { WORKERS };
-    let factors: &[f64] = if grown { &[0.85] } else { &[3.0, 10.0] };
-    println!(
-        "upstream: {workers} workers x {} ms = {:.0} req/s; latency target {} ms; {n} replica(s), {}, no --max-inflight{}",
-        SERVICE.as_millis(),
-        f64::from(workers) / SERVICE.as_secs_f64(),
-        TARGET.as_millis(),
-        match spread {
-            Spread::RoundRobin => "round robin",
-            Spread::Random => "spread at random per request",
-            Spread::ByDevice => "by device",
-        },
-        if load_reports {
-            "; load reports read (--load-report application_utilization)"
-        } else {
-            ""
-        },
-    );
-    print_fleet(
-        f64::from(workers) / SERVICE.as_secs_f64(),
-        factors,
-        &traffic.policy,
-    );
-    println!(
-        "| replicas | load | goodput / capacity | p50 ms | p99 ms | never delivered | shed rank 1-10 | 11-30 | 31-50 | device silence p99 s | seconds in rank order | CV admitted/s | all delivered after |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for &factor in factors {
-        let sim = Simulator::new(workers, ServiceTime::Fixed(SERVICE), Vec::new(), 9);
-        let capacity = sim.capacity();
-        let (up, up_task) = Arc::clone(&sim)
-            .serve_http_with(load_reports)
-            .await
-            .unwrap();
-        let mut running = Vec::new();
-        for _ in 0..n {
-            let config = Config::from_args(ServeArgs {
-                listen: Some("127.0.0.1:0".parse().unwrap()),
-                admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-                upstream: Some(format!("http://{up}")),
-                policies: Some(policies.to_owned()),
-                latency_target: Some(TARGET.into()),
-                load_report: load_reports.then(|| "application_utilization".to_owned()),
-                ..ServeArgs::default()
-            })
-            .unwrap();
-            let (r, _) = shedgate::app::start(config, Sources::default())
-                .await
-                .unwrap();
-            running.push(r);
-        }
-        let urls: Vec<String> = running
-            .iter()
-            .map(|r| format!("http://{}/ingest", r.proxy_addr))
-            .collect();
-        let fleet = traffic.fleet(capacity, factor);
-        let run = load(
-            &urls,
-            spread,
-            capacity,
-            &[(WARM, 0.5), (OVERLOAD, factor), (AFTER, 0.5)],
-            (&traffic.evs, &fleet),
-            3,
-        )
-        .await;
-        let r = summarise(
-            "shedgate",
-            factor,
-            capacity,
-            &run,
-            recovery(&run.secs),
-            String::new(),
-        );
-        println!(
-            "| {n} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {} | {:.3} | {} |",
-            r.factor,
-            r.goodput * 100.0,
-            ms(r.p50),
-            ms(r.p99),
-            r.never * 100.0,
-            r.bands[0] * 100.0,
-            r.bands[1] * 100.0,
-            r.bands[2] * 100.0,
-            r.silence_p99,
-            r.in_order,
-            r.cv,
-            r.recover
-        );
-        for r in running {
-            r.shutdown().await;
-        }
-        up_task.abort();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 /// The default table: shedgate, the plain forward and the binary shedder at 1x, 3x and 10x;
 /// the plot of shedgate's 10x run.
 async fn table(root: &Path, policies: &Path, traffic: &Traffic) {
@@ -618,7 +511,7 @@ fn main() {
             floor_pair::floor_pair(rounds, &policies, &traffic).await;
         } else if replicas_arg.is_some() || grown {
             let n = replicas_arg.unwrap_or(1).max(1);
-            replicas(n, spread, grown, load_reports, &policies, &traffic).await;
+            replicas::replicas(n, spread, grown, load_reports, &policies, &traffic).await;
         } else {
             table(root, &policies, &traffic).await;
         }
