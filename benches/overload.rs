@@ -431,11 +431,11 @@ async fn table(root: &Path, policies: &Path, traffic: &Traffic) {
     let mut plot_samples = Vec::new();
     for factor in [1.0, 3.0, 10.0] {
         for contender in ["shedgate", "plain forward", "binary shedder"] {
-            let shedgate = contender == "shedgate";
-            let dir = if shedgate { policies } else { open.path() };
-            let (row, samples) = run_case(contender, dir, factor, traffic, shedgate).await;
+            let ours = contender == "shedgate";
+            let dir = if ours { policies } else { open.path() };
+            let (row, samples) = run_case(contender, dir, factor, traffic, ours).await;
             rows.push(row);
-            if factor == 10.0 && shedgate {
+            if factor == 10.0 && ours {
                 plot_samples = samples;
             }
         }
