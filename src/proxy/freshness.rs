@@ -9,11 +9,12 @@ use std::time::Duration;
 use crate::admission::{DeviceHistory, Floor};
 use crate::clock::UnixMillis;
 
-/// How far the threshold moves after a second: up after a second in which a floor candidate
-/// met a full budget, down (to 1 at least) after one in which none did. Doubling reaches the
-/// silence of the longest-silent candidates in a few seconds (a threshold of 8 is eight
-/// `max_silence`s of silence) without a queue or a sort; halving lets the floor open again as
-/// quickly once the budget has room.
+/// How far the threshold moves after a second: up after a second in which more candidates
+/// silent long enough met a full budget than the floor admitted (demand above the threshold
+/// exceeds what the budget serves), down (to 1 at least) after one in which none met a full
+/// budget, and not at all in between. Doubling reaches the silence of the longest-silent
+/// candidates in a few seconds (a threshold of 8 is eight `max_silence`s of silence) without a
+/// queue or a sort; halving lets the floor open again as quickly once the budget has room.
 const THRESHOLD_STEP: f64 = 2.0;
 /// The highest threshold: 64 `max_silence`s of silence.
 const MAX_THRESHOLD: f64 = 64.0;
@@ -35,10 +36,23 @@ pub struct FreshnessBudget {
 struct Window {
     /// The second (unix seconds) this window counts.
     second: i64,
-    /// Whether a candidate met a full budget in it.
-    full: bool,
+    /// Floor admissions in it.
+    admitted: u32,
+    /// Candidates in it silent long enough for the threshold that met a full budget.
+    full: u32,
     /// The threshold in force during it.
     threshold: f64,
+}
+
+impl Window {
+    fn new(second: i64, threshold: f64) -> Window {
+        Window {
+            second,
+            admitted: 0,
+            full: 0,
+            threshold,
+        }
+    }
 }
 
 impl Default for FreshnessBudget {
@@ -47,11 +61,7 @@ impl Default for FreshnessBudget {
             inflight: AtomicU32::new(0),
             second: AtomicI64::new(i64::MIN),
             threshold: AtomicU64::new(1.0f64.to_bits()),
-            window: Mutex::new(Window {
-                second: i64::MIN,
-                full: false,
-                threshold: 1.0,
-            }),
+            window: Mutex::new(Window::new(i64::MIN, 1.0)),
         }
     }
 }
@@ -89,28 +99,25 @@ impl FreshnessBudget {
         w.threshold
     }
 
-    /// Moves `w` to `second`, moving the threshold when a second has passed.
+    /// Moves `w` to `second`, moving the threshold when a second has passed: by the closing
+    /// second's counts ([`THRESHOLD_STEP`]), then down once for each second without
+    /// candidates after it.
     fn roll(&self, w: &mut Window, second: i64) {
         if w.second != second {
-            // A gap of more than a second without candidates counts as seconds without a
-            // full budget: the threshold falls once per second passed.
-            let quiet = if w.second == i64::MIN {
-                0
-            } else {
-                (second - w.second - i64::from(w.full)).clamp(0, 16)
-            };
             let mut threshold = w.threshold;
-            if w.full {
-                threshold = (threshold * THRESHOLD_STEP).min(MAX_THRESHOLD);
+            let mut falls = 0;
+            if w.second != i64::MIN {
+                if w.full > w.admitted {
+                    threshold = (threshold * THRESHOLD_STEP).min(MAX_THRESHOLD);
+                } else if w.full == 0 {
+                    falls += 1;
+                }
+                falls += (second - w.second - 1).clamp(0, 16);
             }
-            for _ in 0..quiet {
+            for _ in 0..falls {
                 threshold = (threshold / THRESHOLD_STEP).max(1.0);
             }
-            *w = Window {
-                second,
-                full: false,
-                threshold,
-            };
+            *w = Window::new(second, threshold);
             self.threshold.store(threshold.to_bits(), Ordering::Relaxed);
             self.second.store(second, Ordering::Release);
         }
@@ -124,14 +131,18 @@ impl FreshnessBudget {
         if floor.met_a_full_budget(history) {
             let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
             self.roll(&mut w, now.0.div_euclid(1000));
-            w.full = true;
+            w.full = w.full.saturating_add(1);
         }
     }
 
-    /// Counts a floor admission in flight until the returned guard drops (when its response
-    /// body ends, or it is refused before).
-    pub fn start(self: &Arc<Self>) -> FloorGuard {
+    /// Counts a floor admission at `now` in flight until the returned guard drops (when its
+    /// response body ends, or it is refused before).
+    pub fn start(self: &Arc<Self>, now: UnixMillis) -> FloorGuard {
         self.inflight.fetch_add(1, Ordering::Relaxed);
+        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        self.roll(&mut w, now.0.div_euclid(1000));
+        w.admitted = w.admitted.saturating_add(1);
+        drop(w);
         FloorGuard {
             budget: Arc::clone(self),
         }
@@ -174,7 +185,8 @@ mod tests {
         let at = |s: i64| UnixMillis(s * 1000 + 300);
         let f = b.floor(MAX, 0.1, 10, at(0));
         assert_eq!((f.limit, f.threshold), (1, 1.0));
-        let held = b.start();
+        let held = b.start(at(0));
+        b.denied(&b.floor(MAX, 0.1, 10, at(0)), &silent_for(7_000), at(0));
         let full = b.floor(MAX, 0.1, 10, at(0));
         assert_eq!(full.inflight, 1);
         b.denied(&full, &silent_for(6_000), at(0));
@@ -196,7 +208,8 @@ mod tests {
     fn a_candidate_below_the_threshold_does_not_raise_it() {
         let b = Arc::new(FreshnessBudget::default());
         let at = |s: i64| UnixMillis(s * 1000 + 300);
-        let _held = b.start();
+        let _held = b.start(at(0));
+        b.denied(&b.floor(MAX, 0.1, 10, at(0)), &silent_for(6_000), at(0));
         b.denied(&b.floor(MAX, 0.1, 10, at(0)), &silent_for(6_000), at(0));
         assert_eq!(b.floor(MAX, 0.1, 10, at(1)).threshold, 2.0);
         // At threshold 2, a device silent 6 s (under 10 s) is denied and moves nothing.
@@ -204,6 +217,35 @@ mod tests {
             b.denied(&b.floor(MAX, 0.1, 10, at(1)), &silent_for(6_000), at(1));
         }
         assert_eq!(b.floor(MAX, 0.1, 10, at(2)).threshold, 1.0);
+    }
+
+    /// A one-slot budget busy with admissions, as many candidates long enough meeting it
+    /// full as it admits each second: the budget serves the demand above the threshold,
+    /// which holds (raising it on any one denial swung it between T and 2T, and in the 2T
+    /// seconds the slot sat idle while candidates just below 2T were turned away).
+    #[test]
+    fn a_busy_budget_serving_its_demand_keeps_the_threshold() {
+        let b = Arc::new(FreshnessBudget::default());
+        let at = |s: i64| UnixMillis(s * 1000 + 300);
+        // Two seconds of more demand than room: up to 4.
+        for s in 0..2 {
+            let _held = b.start(at(s));
+            for _ in 0..3 {
+                b.denied(&b.floor(MAX, 0.1, 10, at(s)), &silent_for(60_000), at(s));
+            }
+        }
+        assert_eq!(b.floor(MAX, 0.1, 10, at(2)).threshold, 4.0);
+        for s in 2..10 {
+            for _ in 0..5 {
+                let _held = b.start(at(s));
+                b.denied(&b.floor(MAX, 0.1, 10, at(s)), &silent_for(25_000), at(s));
+            }
+            assert_eq!(
+                b.floor(MAX, 0.1, 10, at(s + 1)).threshold,
+                4.0,
+                "second {s}"
+            );
+        }
     }
 
     #[test]

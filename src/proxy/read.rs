@@ -349,7 +349,7 @@ where
                 },
                 position: PackedPoint::of(facts.coordinates),
                 floor: (decision.rule == crate::admission::Rule::Freshness)
-                    .then(|| shared.freshness.start()),
+                    .then(|| shared.freshness.start(local_now)),
             });
             let mut parts = parts;
             if let Some(note) = note {

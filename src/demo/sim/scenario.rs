@@ -438,8 +438,8 @@ pub async fn run_scenario_phased(
             {
                 floors.denied(&load.floor, history, now_wall);
             }
-            let floor_guard =
-                (decision.rule == crate::admission::Rule::Freshness).then(|| floors.start());
+            let floor_guard = (decision.rule == crate::admission::Rule::Freshness)
+                .then(|| floors.start(now_wall));
             let sec = second_of(Instant::now());
             let admitted = !matches!(decision.verdict, Verdict::Shed(_));
             {
