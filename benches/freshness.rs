@@ -45,7 +45,9 @@ const MUNICH: (f64, f64) = (48.1372, 11.5756);
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// One device's fixes: `(second, status, answered at s since the start)`.
+/// One device's fixes: `(second, status, answered at s since the start)`; the status of a
+/// 2xx the proxy gave itself (a stale or superseded fix, `X-Shed-Reason` set) is `None`, as
+/// no answer is: neither is a delivery.
 type Fixes = Vec<(u32, Option<StatusCode>, f64)>;
 
 /// An upstream over loopback that reads each request's body and answers 200 `{}`.
@@ -91,13 +93,15 @@ fn fix(url: &str, d: usize, now: UnixMillis) -> Request<Full<Bytes>> {
         .expect("a request")
 }
 
-/// The status of `req`'s answer once its body has ended (`None`: no answer in 5 s).
+/// The status of `req`'s answer once its body has ended (`None`: no answer in 5 s, or a 2xx
+/// of the proxy's own).
 async fn send(client: &HttpClient, req: Request<Full<Bytes>>) -> Option<StatusCode> {
     let answer = tokio::time::timeout(Duration::from_secs(5), async {
         let resp = client.request(req).await.ok()?;
+        let own = resp.status().is_success() && resp.headers().contains_key("x-shed-reason");
         let status = resp.status();
         resp.into_body().collect().await.ok()?;
-        Some(status)
+        (!own).then_some(status)
     });
     answer.await.ok().flatten()
 }

@@ -27,12 +27,13 @@
 //! own, instead of in turn (kube-proxy's iptables mode picks a backend at random per
 //! connection; many short connections make that per request).
 //!
-//! `cargo bench --bench overload -- --floor-pair [--rounds N]` (N = 3 by default; about a
-//! minute a round): shedgate alone, with `policies/` as it is (floor on: whatever
-//! `max_silence` it sets) and with `max_silence` removed from a copy of it (floor off), at 3x
-//! and 10x, round by round (each round: 3x on, 3x off, 10x on, 10x off). Per factor, floor on
-//! beside floor off: the median over rounds and the spread (min–max) of goodput, p99 latency,
-//! never-shed delivered, the devices' silence p99 and the floor's admissions
+//! `cargo bench --bench overload -- --floor-pair [--rounds N] [--max-silence D]` (N = 3,
+//! D = 2s by default; about a minute a round): shedgate alone, with copies of `policies/`
+//! whose sheddable streams have `max_silence` D (floor on: short enough to act within the 8 s
+//! overload) and none (floor off), at 3x and 10x, round by round (on first in odd rounds, off
+//! first in even ones). Per factor, floor on beside floor off: the median over rounds and the
+//! spread (min–max) of goodput, p99 latency, never-shed delivered, the devices' silence p99
+//! and the floor's admissions
 //! (`shedgate_freshness_total`). Each run's figures go to stderr as it ends.
 
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
@@ -278,14 +279,17 @@ async fn load(
             tasks.push(tokio::spawn(async move {
                 let sent = Instant::now();
                 let second = sent.duration_since(start).as_secs() as usize;
+                // Delivered: a 2xx the upstream gave (the proxy's own 202 for a stale or
+                // superseded fix carries X-Shed-Reason).
                 let outcome = tokio::time::timeout(CLIENT_DEADLINE, async {
                     let resp = client.request(req).await.ok()?;
-                    let status = resp.status();
+                    let delivered =
+                        resp.status().is_success() && !resp.headers().contains_key("x-shed-reason");
                     resp.into_body().collect().await.ok()?;
-                    Some(status)
+                    Some(delivered)
                 })
                 .await;
-                let ok = matches!(outcome, Ok(Some(s)) if s.is_success());
+                let ok = matches!(outcome, Ok(Some(true)));
                 if let (Some(d), true) = (device, ok) {
                     delivered.lock().unwrap()[d].push(start.elapsed().as_secs_f64());
                 }
@@ -455,7 +459,7 @@ async fn table(root: &Path, policies: &Path, traffic: &Traffic) {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {} | {:.3} | {} | {} |",
+            "| {} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {} | {:.3} | {} | {} |",
             r.name,
             r.factor,
             r.goodput * 100.0,
@@ -465,7 +469,7 @@ async fn table(root: &Path, policies: &Path, traffic: &Traffic) {
             r.bands[0] * 100.0,
             r.bands[1] * 100.0,
             r.bands[2] * 100.0,
-            r.silence_p99,
+            summary::silence(r.silence_p99),
             r.in_order,
             r.cv,
             r.recover,
@@ -508,7 +512,14 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         if pair {
-            floor_pair::floor_pair(rounds, &policies, &traffic).await;
+            let max_silence = args
+                .iter()
+                .position(|a| a == "--max-silence")
+                .and_then(|i| args.get(i + 1))
+                .map_or(Duration::from_secs(2), |d| {
+                    humantime::parse_duration(d).expect("--max-silence takes a duration")
+                });
+            floor_pair::floor_pair(rounds, max_silence, &policies, &traffic).await;
         } else if replicas_arg.is_some() || grown {
             let n = replicas_arg.unwrap_or(1).max(1);
             replicas::replicas(n, spread, grown, load_reports, &policies, &traffic).await;

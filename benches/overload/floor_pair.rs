@@ -1,61 +1,15 @@
 //! The overload bench's `--floor-pair` (a module of `benches/overload.rs`): shedgate with the
-//! example policy as it is (floor on: whatever `max_silence` it sets) and with `max_silence`
-//! removed from a copy of it (floor off), at 3x and 10x, round by round, on and off in turn.
+//! example policy's copies with a freshness floor that can act within the 8 s overload
+//! (`max_silence` on every sheddable stream, 2 s by default) and with none (floor off), at 3x
+//! and 10x, round by round, the order of on and off alternating between rounds.
 
 use std::path::Path;
+use std::time::Duration;
+
+use shedgate::demo::floor::{MaxSilence, policy_copy};
 
 use super::summary::Row;
 use super::{SERVICE, Traffic, WORKERS, print_fleet, run_case};
-
-/// A copy of the policy directory `dir` with every `max_silence` key removed from its
-/// `streams.toml` (streams and routes), compiled to check that no floor is left. Keep the
-/// directory alive while a proxy reads it.
-fn without_floor(dir: &Path) -> tempfile::TempDir {
-    let copy = tempfile::tempdir().expect("a temporary directory");
-    for entry in walkdir::WalkDir::new(dir) {
-        let entry = entry.expect("a policy directory entry");
-        let to = copy
-            .path()
-            .join(entry.path().strip_prefix(dir).expect("under the directory"));
-        if entry.file_type().is_dir() {
-            std::fs::create_dir_all(&to).expect("a directory");
-        } else {
-            std::fs::copy(entry.path(), &to).expect("a copy");
-        }
-    }
-    let path = copy.path().join("streams.toml");
-    let mut streams: toml::Table = std::fs::read_to_string(&path)
-        .expect("streams.toml")
-        .parse()
-        .expect("streams.toml is TOML");
-    strip(&mut streams, "max_silence");
-    std::fs::write(&path, toml::to_string(&streams).expect("TOML")).expect("streams.toml");
-    let policy = shedgate::policy::load_dir(copy.path())
-        .expect("the policy without max_silence compiles")
-        .policy;
-    let left = policy.streams().iter().any(|s| s.max_silence.is_some())
-        || policy.routes().iter().any(|r| r.max_silence.is_some());
-    assert!(!left, "a max_silence is left in {}", path.display());
-    copy
-}
-
-/// Removes `key` from `table` and every table within it.
-fn strip(table: &mut toml::Table, key: &str) {
-    table.remove(key);
-    for (_, value) in table.iter_mut() {
-        match value {
-            toml::Value::Table(t) => strip(t, key),
-            toml::Value::Array(items) => {
-                for item in items {
-                    if let toml::Value::Table(t) = item {
-                        strip(t, key);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-}
 
 /// `value` of the rows: its median over rounds and its spread, `median (min–max)`.
 fn spread(rows: &[&Row], value: impl Fn(&Row) -> f64, digits: usize) -> String {
@@ -76,39 +30,42 @@ fn spread(rows: &[&Row], value: impl Fn(&Row) -> f64, digits: usize) -> String {
     )
 }
 
-/// `--floor-pair [--rounds N]`: per round, at 3x then 10x, shedgate with `policies` as it is
-/// (floor on), then with `max_silence` removed (floor off); then per factor the median and
-/// spread over rounds of goodput, p99, never-shed delivered and the devices' silence p99.
-pub(crate) async fn floor_pair(rounds: usize, policies: &Path, traffic: &Traffic) {
-    let off = without_floor(policies);
+/// `--floor-pair [--rounds N] [--max-silence D]`: per round, at 3x then 10x, shedgate with a
+/// copy of `policies` whose sheddable streams have `max_silence` D (floor on) and one without
+/// any (floor off), on first in odd rounds and off first in even ones; then per factor the
+/// median and spread over rounds of goodput, p99, never-shed delivered, the devices' silence
+/// p99 and the floor's admissions.
+pub(crate) async fn floor_pair(
+    rounds: usize,
+    max_silence: Duration,
+    policies: &Path,
+    traffic: &Traffic,
+) {
+    let on = policy_copy(policies, MaxSilence::On(max_silence)).expect("the floor-on copy");
+    let off = policy_copy(policies, MaxSilence::Off).expect("the floor-off copy");
     let factors = [3.0, 10.0];
     println!(
-        "floor pair: shedgate with policies/ as it is (floor on) and with max_silence removed \
-         from a copy (floor off); {rounds} round(s), each at {}, floor on then off",
+        "floor pair: shedgate with a copy of policies/ whose sheddable streams have max_silence \
+         {max_silence:?} (floor on) and one with none (floor off); {rounds} round(s), each at {}, \
+         on first in odd rounds, off first in even ones",
         factors.map(|f| format!("{f}x")).join(" then ")
     );
+    let on_policy = shedgate::policy::load_dir(on.path())
+        .expect("the floor-on copy compiles")
+        .policy;
     print_fleet(
         f64::from(WORKERS) / SERVICE.as_secs_f64(),
         &factors,
-        &traffic.policy,
+        &on_policy,
     );
-    if traffic
-        .policy
-        .streams()
-        .iter()
-        .all(|s| s.max_silence.is_none())
-        && traffic
-            .policy
-            .routes()
-            .iter()
-            .all(|r| r.max_silence.is_none())
-    {
-        println!("note: policies/ sets no max_silence, so floor on and floor off are alike");
-    }
     let mut runs: Vec<(f64, bool, Row)> = Vec::new();
     for round in 1..=rounds {
         for factor in factors {
-            for (on, dir) in [(true, policies), (false, off.path())] {
+            let mut pair = [(true, on.path()), (false, off.path())];
+            if round % 2 == 0 {
+                pair.reverse();
+            }
+            for (on, dir) in pair {
                 let (row, _) = run_case("shedgate", dir, factor, traffic, false).await;
                 eprintln!(
                     "round {round}, {factor}x, floor {}: goodput {:.1}%, p99 {} ms, never \

@@ -98,7 +98,7 @@ pub(crate) async fn replicas(
             String::new(),
         );
         println!(
-            "| {n} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {} | {:.3} | {} |",
+            "| {n} | {}x | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} | {} | {:.3} | {} |",
             r.factor,
             r.goodput * 100.0,
             ms(r.p50),
@@ -107,7 +107,7 @@ pub(crate) async fn replicas(
             r.bands[0] * 100.0,
             r.bands[1] * 100.0,
             r.bands[2] * 100.0,
-            r.silence_p99,
+            super::summary::silence(r.silence_p99),
             r.in_order,
             r.cv,
             r.recover

@@ -109,6 +109,19 @@ pub(crate) fn summarise(
     }
 }
 
+/// A [`silence_p99`] for a table, seconds: `≥8.00` when it is the whole overload window
+/// (the devices at the p99 had no fix delivered in it), not a measured 8 s; `–` without a
+/// fleet.
+pub(crate) fn silence(p99: f64) -> String {
+    if p99.is_nan() {
+        "–".to_owned()
+    } else if p99 >= OVERLOAD as f64 - 1e-9 {
+        format!("≥{:.2}", OVERLOAD as f64)
+    } else {
+        format!("{p99:.2}")
+    }
+}
+
 /// The p99 over the fleet's devices of each one's longest silence in the overload window,
 /// seconds: the longest time between two of its delivered fixes, or from the window's start
 /// to its first, or from its last to the window's end (as the demo's dark table); a device

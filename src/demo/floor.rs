@@ -1,6 +1,7 @@
-//! The demo's `--max-silence`: the freshness floor of its device streams set (or removed) on a
-//! copy of the policy directory, so one demo run shows the floor on and another off without
-//! editing the operator's files (docs/decision.md "Devices").
+//! The demo's `--max-silence`: the freshness floor set (or removed) on a copy of the policy
+//! directory, so one run has the floor on and another off without editing the operator's
+//! files (docs/decision.md "Devices"). The overload bench and the device tests make their
+//! floor-off policies with it too.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,11 +11,12 @@ use std::time::Duration;
 pub enum MaxSilence {
     /// No floor on any device stream.
     Off,
-    /// This floor on every stream that names its device.
+    /// This floor on every stream that may be shed.
     On(Duration),
 }
 
-/// Parses `off` or a humantime duration (`3s`, `500ms`), positive.
+/// Parses `off` or a humantime duration (`3s`, `500ms`) of at least a millisecond (the
+/// policy's durations are whole milliseconds).
 ///
 /// # Errors
 /// A message naming the accepted forms.
@@ -23,9 +25,9 @@ pub fn parse_max_silence(text: &str) -> Result<MaxSilence, String> {
         return Ok(MaxSilence::Off);
     }
     match humantime::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(MaxSilence::On(d)),
+        Ok(d) if d >= Duration::from_millis(1) => Ok(MaxSilence::On(d)),
         _ => Err(format!(
-            "expected a positive duration such as \"3s\", or \"off\"; got {text:?}"
+            "expected a duration of at least 1ms such as \"3s\", or \"off\"; got {text:?}"
         )),
     }
 }
@@ -48,14 +50,18 @@ impl Drop for PolicyCopy {
     }
 }
 
-/// A copy of the policy directory `from` (its files, not its subdirectories) in a fresh
-/// directory under the system's temporary one, with `max_silence` set to `floor` (or removed)
-/// on every stream of `streams.toml` that names its device (a `device` key), and removed from
-/// every route (a route's would win).
+/// A copy of the policy directory `from` (the whole tree, symbolic links followed, as a
+/// Kubernetes ConfigMap mount is made of them) in a fresh directory under the system's
+/// temporary one, with its `streams.toml` edited: [`MaxSilence::On`] sets `max_silence` on
+/// every stream that may be shed (a `supersession` other than `never`; a stream that names
+/// no device is not read by the floor) and removes it from every route (a route's would win);
+/// [`MaxSilence::Off`] removes every `max_silence` in the file. The copy is compiled and
+/// checked to hold the floor asked for.
 ///
 /// # Errors
-/// An unreadable or unwritable file, or a `streams.toml` that is not a TOML table (the same
-/// file would fail `shedgate check`).
+/// An unreadable or unwritable file, a `streams.toml` that is not TOML, or a copy that does
+/// not compile or still holds another floor (load `from` first for errors that name the
+/// operator's files).
 pub fn policy_copy(
     from: &Path,
     floor: MaxSilence,
@@ -65,44 +71,78 @@ pub fn policy_copy(
         std::process::id(),
         fastrand::u64(..)
     )));
-    let to = copy.path();
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
+    for entry in walkdir::WalkDir::new(from).follow_links(true) {
         let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        let to = copy.path().join(entry.path().strip_prefix(from)?);
+        if entry.file_type().is_dir() {
+            std::fs::create_dir_all(&to)?;
+        } else {
+            std::fs::copy(entry.path(), &to)?;
         }
     }
-    let path = to.join("streams.toml");
+    let path = copy.path().join("streams.toml");
     let mut streams: toml::Table = std::fs::read_to_string(&path)?.parse()?;
-    if let Some(toml::Value::Table(by_name)) = streams.get_mut("streams") {
-        for (_, stream) in by_name.iter_mut() {
-            let Some(stream) = stream.as_table_mut() else {
-                continue;
-            };
-            if !stream.contains_key("device") {
-                continue;
-            }
-            match floor {
-                MaxSilence::Off => {
-                    stream.remove("max_silence");
-                }
-                MaxSilence::On(d) => {
+    match floor {
+        MaxSilence::Off => strip(&mut streams, "max_silence"),
+        MaxSilence::On(d) => {
+            if let Some(toml::Value::Table(by_name)) = streams.get_mut("streams") {
+                for (_, stream) in by_name.iter_mut() {
+                    let Some(stream) = stream.as_table_mut() else {
+                        continue;
+                    };
+                    if stream.get("supersession").and_then(toml::Value::as_str) == Some("never") {
+                        continue;
+                    }
                     stream.insert(
                         "max_silence".into(),
                         toml::Value::String(format!("{}ms", d.as_millis())),
                     );
                 }
             }
-        }
-    }
-    if let Some(toml::Value::Array(routes)) = streams.get_mut("routes") {
-        for route in routes.iter_mut().filter_map(toml::Value::as_table_mut) {
-            route.remove("max_silence");
+            if let Some(toml::Value::Array(routes)) = streams.get_mut("routes") {
+                for route in routes.iter_mut().filter_map(toml::Value::as_table_mut) {
+                    strip(route, "max_silence");
+                }
+            }
         }
     }
     std::fs::write(&path, toml::to_string(&streams)?)?;
+    let policy = crate::policy::load_dir(copy.path())?.policy;
+    let want = match floor {
+        MaxSilence::Off => None,
+        MaxSilence::On(d) => Some(Duration::from_millis(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+        )),
+    };
+    let other = policy.routes().iter().any(|r| r.max_silence.is_some())
+        || policy
+            .streams()
+            .iter()
+            .any(|s| s.max_silence.is_some_and(|m| Some(m) != want));
+    if other {
+        return Err(format!(
+            "a max_silence other than {floor:?} is left in {}",
+            path.display()
+        )
+        .into());
+    }
     Ok(copy)
+}
+
+/// Removes `key` from `table` and from every table within it.
+fn strip(table: &mut toml::Table, key: &str) {
+    table.remove(key);
+    for (_, value) in table.iter_mut() {
+        match value {
+            toml::Value::Table(t) => strip(t, key),
+            toml::Value::Array(items) => {
+                for t in items.iter_mut().filter_map(toml::Value::as_table_mut) {
+                    strip(t, key);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -125,7 +165,8 @@ mod tests {
             floor(&policy, "sensor.reading"),
             Some(Duration::from_secs(3))
         );
-        assert_eq!(floor(&policy, "tile.render"), None);
+        assert_eq!(floor(&policy, "tile.render"), Some(Duration::from_secs(3)));
+        assert_eq!(floor(&policy, "geofence.transition"), None);
         let dir = on.path().to_owned();
         drop(on);
         assert!(!dir.exists(), "the copy is removed when dropped");
@@ -134,6 +175,7 @@ mod tests {
         assert_eq!(floor(&policy, "vehicle.position"), None);
         assert_eq!(parse_max_silence("OFF"), Ok(MaxSilence::Off));
         assert!(parse_max_silence("0s").is_err());
+        assert!(parse_max_silence("500us").is_err());
         assert!(parse_max_silence("soon").is_err());
     }
 }

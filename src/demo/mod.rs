@@ -53,7 +53,7 @@ pub struct DemoArgs {
     /// its devices report `--overload` times less often), seconds.
     #[arg(long, default_value_t = 1.0)]
     pub report_seconds: f64,
-    /// The freshness floor of the demo's device streams, set on a copy of the policy: a
+    /// The freshness floor of the demo's sheddable streams, set on a copy of the policy: a
     /// duration (`3s`) or `off`; by default the policy's own (docs/decision.md "Devices").
     #[arg(long, value_parser = floor::parse_max_silence)]
     pub max_silence: Option<floor::MaxSilence>,
@@ -151,6 +151,8 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 /// # Errors
 /// When the policy does not load or a listener cannot bind.
 pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn std::error::Error>> {
+    // Loaded first, so that an error names the operator's files rather than the copy's.
+    let mut policy = policy::load_dir(&args.policies)?.policy;
     let copy = args
         .max_silence
         .map(|f| floor::policy_copy(&args.policies, f))
@@ -158,7 +160,9 @@ pub async fn run_demo(args: &DemoArgs, print: bool) -> Result<Report, Box<dyn st
     let policies = copy
         .as_ref()
         .map_or_else(|| args.policies.clone(), |c| c.path().to_owned());
-    let policy = policy::load_dir(&policies)?.policy;
+    if copy.is_some() {
+        policy = policy::load_dir(&policies)?.policy;
+    }
     let service = Duration::from_millis(args.service_ms.max(1));
     let sim = crate::demo::sim::Simulator::new(
         args.workers.max(1),

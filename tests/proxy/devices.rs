@@ -391,30 +391,20 @@ async fn a_fix_its_device_could_not_have_made_is_decided_without_its_history() {
     );
 }
 
-/// The example policy (`policies/`) with its freshness floor off (every `max_silence` line
-/// removed), compiled from a copy: thinning alone against the independent draw. The floor
-/// spends its budget on the default band by design (its figures: tests/proxy/freshness.rs and
+/// The example policy (`policies/`) with its freshness floor off, compiled from a copy:
+/// thinning alone against the independent draw. The floor spends its budget on the default
+/// band by design (its figures: tests/proxy/freshness.rs and
 /// `cargo bench --bench devices -- --max-silence 20s`).
 #[cfg(feature = "demo")]
 fn example_policy_without_floor() -> shedgate::policy::Policy {
+    use shedgate::demo::floor::{MaxSilence, policy_copy};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
-    let copy = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let entry = entry.unwrap();
-        if !entry.file_type().unwrap().is_file() {
-            continue;
-        }
-        let text = std::fs::read_to_string(entry.path()).unwrap();
-        let kept: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("max_silence"))
-            .collect();
-        assert!(
-            entry.file_name() != "streams.toml" || kept.len() < text.lines().count(),
-            "the example policy sets a floor to remove"
-        );
-        std::fs::write(copy.path().join(entry.file_name()), kept.join("\n")).unwrap();
-    }
+    let policy = shedgate::policy::load_dir(&dir).unwrap().policy;
+    assert!(
+        policy.streams().iter().any(|s| s.max_silence.is_some()),
+        "the example policy sets a floor to remove"
+    );
+    let copy = policy_copy(&dir, MaxSilence::Off).unwrap();
     shedgate::policy::load_dir(copy.path()).unwrap().policy
 }
 
