@@ -2,6 +2,8 @@
 //! `endpoint-load-metrics` response header, read by `crate::upstream::load_report`), the
 //! same for every replica in front of it (docs/pressure.md "Load reports").
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,6 +20,51 @@ pub const REPORT_STALE: Duration = Duration::from_secs(1);
 /// tick's sum within the 44 bits of its window for the 2^20 reports its count holds
 /// (16 × 10^6 < 2^24).
 pub const MAX_REPORT: f64 = 16.0;
+
+/// The ORCA metric read as the upstream's utilisation: in-flight over its concurrency, 1.0
+/// with every worker busy and none waiting, above 1 with a queue (ORCA lets utilisations
+/// pass 1.0 "when the usage exceeds the reporter dependent notion of soft limits",
+/// `xds/data/orca/v3/orca_load_report.proto`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadReportField {
+    /// `application_utilization`.
+    Application,
+    /// `cpu_utilization`: busy CPU says nothing of a queue once every core is busy; read it
+    /// only from an upstream that reports its queue there.
+    Cpu,
+    /// `named_metrics.NAME`.
+    Named(String),
+}
+
+impl FromStr for LoadReportField {
+    type Err = String;
+
+    /// `application_utilization`, `cpu_utilization` or `named_metrics.NAME` (NAME not
+    /// empty).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "application_utilization" => Ok(LoadReportField::Application),
+            "cpu_utilization" => Ok(LoadReportField::Cpu),
+            _ => match s.strip_prefix("named_metrics.") {
+                Some(name) if !name.is_empty() => Ok(LoadReportField::Named(name.to_owned())),
+                _ => Err(format!(
+                    "{s:?} is not an ORCA utilisation: application_utilization, \
+                     cpu_utilization or named_metrics.NAME"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for LoadReportField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadReportField::Application => f.write_str("application_utilization"),
+            LoadReportField::Cpu => f.write_str("cpu_utilization"),
+            LoadReportField::Named(name) => write!(f, "named_metrics.{name}"),
+        }
+    }
+}
 
 /// Load reports gathered between two ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

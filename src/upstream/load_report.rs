@@ -20,11 +20,12 @@
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::fmt;
-use std::str::FromStr;
 
 use http::HeaderMap;
 use http::header::HeaderName;
 use serde::Deserialize;
+
+pub use crate::pressure::report::LoadReportField;
 
 /// The header ORCA's text and JSON reports travel in.
 pub const HEADER: &str = "endpoint-load-metrics";
@@ -32,41 +33,6 @@ pub const HEADER: &str = "endpoint-load-metrics";
 pub const HEADER_JSON: &str = "endpoint-load-metrics-json";
 /// The header of the binary (protobuf) form, not read.
 pub const HEADER_BIN: &str = "endpoint-load-metrics-bin";
-
-/// The ORCA metric read as the upstream's utilisation: in-flight over its concurrency, 1.0
-/// with every worker busy and none waiting, above 1 with a queue (ORCA lets utilisations
-/// pass 1.0 "when the usage exceeds the reporter dependent notion of soft limits",
-/// `xds/data/orca/v3/orca_load_report.proto`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoadReportField {
-    /// `application_utilization`.
-    Application,
-    /// `cpu_utilization`: busy CPU says nothing of a queue once every core is busy; read it
-    /// only from an upstream that reports its queue there.
-    Cpu,
-    /// `named_metrics.NAME`.
-    Named(String),
-}
-
-impl FromStr for LoadReportField {
-    type Err = String;
-
-    /// `application_utilization`, `cpu_utilization` or `named_metrics.NAME` (NAME not
-    /// empty).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "application_utilization" => Ok(LoadReportField::Application),
-            "cpu_utilization" => Ok(LoadReportField::Cpu),
-            _ => match s.strip_prefix("named_metrics.") {
-                Some(name) if !name.is_empty() => Ok(LoadReportField::Named(name.to_owned())),
-                _ => Err(format!(
-                    "{s:?} is not an ORCA utilisation: application_utilization, \
-                     cpu_utilization or named_metrics.NAME"
-                )),
-            },
-        }
-    }
-}
 
 impl LoadReportField {
     /// Whether `name`, as the text form writes it, is this metric (no allocation: this runs
@@ -78,16 +44,6 @@ impl LoadReportField {
             LoadReportField::Named(wanted) => {
                 name.strip_prefix("named_metrics.") == Some(wanted.as_str())
             }
-        }
-    }
-}
-
-impl fmt::Display for LoadReportField {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoadReportField::Application => f.write_str("application_utilization"),
-            LoadReportField::Cpu => f.write_str("cpu_utilization"),
-            LoadReportField::Named(name) => write!(f, "named_metrics.{name}"),
         }
     }
 }
