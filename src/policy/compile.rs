@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::error::{line_col, parse_toml};
+use super::error::{line_col, parse_toml, table_line};
 use super::file::{AreasFile, StreamsFile};
 use super::routes::{compile_routes, mode_reading};
 use super::*;
@@ -538,28 +538,4 @@ fn device_trust(
         .map(|p| p.trim().to_ascii_lowercase().into_boxed_str())
         .collect();
     Ok(trust)
-}
-
-/// Best effort: the line and column of the table header `[table."name"]` (or with the name
-/// bare or single-quoted) in `text`, for errors about a table key.
-fn table_line(text: &str, table: &str, name: &str) -> Option<(usize, usize)> {
-    let basic = name.replace('\\', "\\\\").replace('"', "\\\"");
-    let forms = [
-        format!("[{table}.\"{basic}\"]"),
-        format!("[{table}.'{name}']"),
-        format!("[{table}.{name}]"),
-    ];
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
-        let starts = |f: &String| {
-            let f: String = f.chars().filter(|c| !c.is_whitespace()).collect();
-            compact.starts_with(&f)
-        };
-        if forms.iter().any(starts) {
-            return Some(line_col(text, offset));
-        }
-        offset += line.len();
-    }
-    None
 }

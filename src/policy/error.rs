@@ -110,3 +110,27 @@ pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
         + 1;
     (line, col)
 }
+
+/// Best effort: the line and column of the table header `[table."name"]` (or with the name
+/// bare or single-quoted) in `text`, for errors about a table key.
+pub(super) fn table_line(text: &str, table: &str, name: &str) -> Option<(usize, usize)> {
+    let basic = name.replace('\\', "\\\\").replace('"', "\\\"");
+    let forms = [
+        format!("[{table}.\"{basic}\"]"),
+        format!("[{table}.'{name}']"),
+        format!("[{table}.{name}]"),
+    ];
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+        let starts = |f: &String| {
+            let f: String = f.chars().filter(|c| !c.is_whitespace()).collect();
+            compact.starts_with(&f)
+        };
+        if forms.iter().any(starts) {
+            return Some(line_col(text, offset));
+        }
+        offset += line.len();
+    }
+    None
+}
