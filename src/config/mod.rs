@@ -302,36 +302,10 @@ impl Config {
                 "required: the URL of the ingestion endpoint, e.g. http://127.0.0.1:3000",
             )
         })?;
-        let upstream: Uri = upstream_text
-            .parse()
-            .map_err(|e| invalid("upstream", format!("invalid URL {upstream_text:?}: {e}")))?;
-        match upstream.scheme_str() {
-            Some("http") => {}
-            Some(other) => {
-                return Err(invalid(
-                    "upstream",
-                    format!(
-                        "scheme {other:?} is not supported; use http:// (terminate TLS in front)"
-                    ),
-                ));
-            }
-            None => {
-                return Err(invalid(
-                    "upstream",
-                    format!("{upstream_text:?} needs http://"),
-                ));
-            }
-        }
-        let Some(authority) = upstream.authority() else {
-            return Err(invalid(
-                "upstream",
-                format!("{upstream_text:?} has no host"),
-            ));
-        };
-        if upstream.query().is_some() {
-            return Err(invalid("upstream", "must not have a query string"));
-        }
-        if let Ok(addr) = authority.as_str().parse::<SocketAddr>()
+        let upstream =
+            crate::policy::parse_url(&upstream_text).map_err(|e| invalid("upstream", e))?;
+        let authority = upstream.authority().map_or("", |a| a.as_str());
+        if let Ok(addr) = authority.parse::<SocketAddr>()
             && listen.port() != 0
             && (addr == listen || (addr.port() == listen.port() && listen.ip().is_unspecified()))
         {

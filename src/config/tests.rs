@@ -65,6 +65,19 @@ fn defaults() {
     assert_eq!(c.stream_header, "x-stream");
 }
 
+/// `--upstream` is checked by the rule `url` in `[upstreams.NAME]` is
+/// (`crate::policy::parse_url`): a port without a host is refused, naming the flag.
+#[test]
+fn an_upstream_without_a_host_is_refused() {
+    let e = Config::from_args(args("http://:3000"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("setting `upstream`") && e.contains("has no host"),
+        "{e}"
+    );
+}
+
 #[test]
 fn missing_and_contradictory_settings() {
     assert!(Config::from_args(ServeArgs::default()).is_err());

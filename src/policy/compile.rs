@@ -7,6 +7,7 @@ use std::path::Path;
 use super::error::{line_col, parse_toml, table_line};
 use super::file::{AreasFile, StreamsFile};
 use super::routes::{compile_routes, mode_reading};
+use super::upstreams::UpstreamTable;
 use super::*;
 
 /// A compiled policy and the warnings its compilation produced.
@@ -123,9 +124,10 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         });
     }
 
+    let mut upstreams = UpstreamTable::compile(sf.upstreams, streams_path, streams_text)?;
     let mut streams = Vec::with_capacity(sf.streams.len());
     let mut stream_index = Lookup::with_capacity_and_hasher(sf.streams.len(), Default::default());
-    for (name, s) in sf.streams {
+    for (name, mut s) in sf.streams {
         let field = |f: &str| format!("streams.{name:?}.{f}");
         if !label_name_ok(&name) {
             let mut e = at(
@@ -147,6 +149,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
                 format!("stream name {name:?} is reserved for streams the policy does not name"),
             ));
         }
+        let upstream = upstreams.resolve(s.upstream.take(), field("upstream"))?;
         let enabled = s.enabled.unwrap_or(true);
         if enabled && s.until.is_some() {
             return Err(at(
@@ -215,6 +218,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             format,
             modes,
             max_silence: s.max_silence.map(|v| v.0),
+            upstream,
         });
     }
     if streams.is_empty() {
@@ -236,10 +240,12 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let routes = compile_routes(
         sf.routes,
         &stream_index,
+        &mut upstreams,
         streams_path,
         streams_text,
         &mut warnings,
     )?;
+    let upstreams = upstreams.finish(&mut warnings);
     super::opaque::check_opaque(
         &streams,
         &stream_index,
@@ -495,6 +501,9 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             retry_after,
             schedules,
             trust,
+            upstreams: upstreams.specs,
+            upstream_index: upstreams.index,
+            upstreams_named_at: upstreams.first,
         },
         warnings,
         notes,

@@ -32,6 +32,30 @@ pub struct StreamsFile {
     /// Known peaks: pressure floors on a weekly schedule.
     #[serde(default)]
     pub schedules: Vec<ScheduleSection>,
+    /// Upstream name → where it is and its own settings, besides `default` (`--upstream`).
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, UpstreamSection>,
+}
+
+/// `[upstreams.NAME]` in `streams.toml` (docs/policy.md "`[upstreams.NAME]`"): an upstream
+/// routes and streams name with `upstream = "NAME"`. Each key left out is the command line's
+/// value (the flag named beside it).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// Base URL, `http://host:port[/prefix]`, as `--upstream`. Spanned: its errors point at it.
+    pub url: toml::Spanned<String>,
+    /// Latency considered at target, pressure 0.5 (`--latency-target`). Spanned, as `url`.
+    pub latency_target: Option<toml::Spanned<DurationValue>>,
+    /// Safety cap on in-flight requests to this upstream, positive (`--max-inflight`).
+    /// Spanned, as `url`.
+    pub max_inflight: Option<toml::Spanned<u32>>,
+    /// Time it has to send response headers (`--upstream-timeout`). Spanned, as `url`.
+    pub timeout: Option<toml::Spanned<DurationValue>>,
+    /// Time to connect to it (`--connect-timeout`).
+    pub connect_timeout: Option<DurationValue>,
+    /// The ORCA metric read as its utilisation (`--load-report`). Spanned, as `url`.
+    pub load_report: Option<toml::Spanned<String>>,
 }
 
 /// `[[schedules]]` in `streams.toml` (docs/decision.md "Schedules").
@@ -144,6 +168,9 @@ pub struct RouteSection {
     pub stale_body: Option<toml::Spanned<String>>,
     /// The freshness floor of this route's devices (overrides the stream's `max_silence`).
     pub max_silence: Option<DurationValue>,
+    /// The upstream this route's requests go to, by name (over its streams' `upstream`).
+    /// Spanned: an unknown name points at it.
+    pub upstream: Option<toml::Spanned<String>>,
 }
 
 /// `params = { lat = "…", lon = "…", time = "…" }` on a route: query or form keys.
@@ -219,6 +246,9 @@ pub struct StreamSection {
     /// The freshness floor: a fresh fix of a device silent longer than this is admitted
     /// even where the curve sheds its whole rank; default none (off).
     pub max_silence: Option<DurationValue>,
+    /// The upstream its requests go to, by name, where their route names none; default
+    /// `default` (`--upstream`). Spanned: an unknown name points at it.
+    pub upstream: Option<toml::Spanned<String>>,
 }
 
 /// `areas.toml`.

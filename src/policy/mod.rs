@@ -18,6 +18,7 @@ pub mod schedule;
 mod source;
 #[cfg(test)]
 mod tests;
+mod upstreams;
 
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ pub use curve::{BANDS, Curve, Rank, band};
 pub use error::{Location, PolicyError, Warning};
 pub use regions::{MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS};
 pub use source::PolicyFiles;
+pub use upstreams::{DEFAULT_UPSTREAM, MAX_UPSTREAMS, UpstreamId, UpstreamSpec, parse_url};
 
 use crate::extract::Extractor;
 use crate::extract::formats::{ContentMode, Format};
@@ -150,6 +152,9 @@ pub struct StreamPolicy {
     /// The freshness floor of its devices (`max_silence`; `None`: off), unless the route
     /// sets its own ([`Policy::max_silence`]).
     pub max_silence: Option<Duration>,
+    /// The upstream its requests go to where their route names none (`None`: `default`;
+    /// [`Policy::upstream_of`]).
+    pub upstream: Option<UpstreamId>,
 }
 
 /// How one content mode of a stream's bodies is read (without a route).
@@ -251,6 +256,9 @@ pub struct Route {
     pub stale_body: Option<bytes::Bytes>,
     /// The route's `max_silence` (`None`: its stream's applies).
     pub max_silence: Option<Duration>,
+    /// The upstream its requests go to, whatever their stream (`None`: the stream's, else
+    /// `default`; [`Policy::upstream_of`]).
+    pub upstream: Option<UpstreamId>,
     modes: Vec<(ContentMode, RouteMode)>,
 }
 
@@ -289,7 +297,7 @@ pub struct Area {
 /// `part/arcswap-load-and-stream-lookup`: 54 ns with SipHash, 24–25 ns with this.
 pub(crate) type Lookup<K, V> = foldhash::HashMap<K, V>;
 
-/// A compiled, validated, immutable policy.
+/// A compiled, validated, immutable policy. Its upstreams' methods are in `upstreams.rs`.
 #[derive(Debug, Clone)]
 pub struct Policy {
     version: String,
@@ -307,6 +315,9 @@ pub struct Policy {
     retry_after: RetryAfterPolicy,
     schedules: Vec<schedule::Schedule>,
     trust: DeviceTrust,
+    upstreams: Vec<UpstreamSpec>,
+    upstream_index: Lookup<String, UpstreamId>,
+    upstreams_named_at: Option<Location>,
 }
 
 /// What a device id must be for a decision to read its device's history (docs/decision.md

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::upstreams::UpstreamTable;
 use super::{
     Location, Lookup, PolicyError, Route, RouteMode, StreamId, StreamSource, Warning, file,
 };
@@ -69,12 +70,14 @@ fn override_pointers(shape: &mut Shape, root: Option<&str>, given: [Option<JsonP
 pub(super) fn compile_routes(
     sections: Vec<file::RouteSection>,
     streams: &Lookup<String, StreamId>,
+    upstreams: &mut UpstreamTable<'_>,
     path: &Path,
     text: &str,
     warnings: &mut Vec<Warning>,
 ) -> Result<Vec<Route>, PolicyError> {
     let mut routes: Vec<Route> = Vec::with_capacity(sections.len());
-    for (i, r) in sections.into_iter().enumerate() {
+    for (i, mut r) in sections.into_iter().enumerate() {
+        let upstream = upstreams.resolve(r.upstream.take(), format!("routes[{i}].upstream"))?;
         let err = |f: &str, message: String| PolicyError {
             location: Location {
                 file: path.to_owned(),
@@ -255,6 +258,7 @@ pub(super) fn compile_routes(
             format,
             stale_body,
             max_silence: r.max_silence.map(|v| v.0),
+            upstream,
             modes,
         });
     }
