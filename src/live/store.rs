@@ -10,7 +10,27 @@ use serde::Serialize;
 
 use crate::clock::Sources;
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::policy::{Policy, PolicyError, PolicyFiles, Warning, compile};
+use crate::policy::{Compiled, Policy, PolicyError, PolicyFiles, Warning, compile};
+
+/// Why a policy that names upstreams is not served: `check` and `explain` accept
+/// `[upstreams.NAME]` and `upstream = "NAME"`, the proxy does not route by them yet.
+pub const SEVERAL_UPSTREAMS_REFUSED: &str = "routing to several upstreams is not available in \
+     this version; remove [upstreams] and every `upstream =` key to serve this policy (every \
+     request goes to --upstream)";
+
+/// Compiles `files` for serving: as `shedgate check` does, and then refuses what this version
+/// checks but does not serve, at start and at reload alike: a policy that names an upstream
+/// ([`SEVERAL_UPSTREAMS_REFUSED`], at the first place it does).
+fn compile_served(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
+    let compiled = compile(files)?;
+    if let Some(at) = compiled.policy.upstreams_named_at() {
+        return Err(PolicyError {
+            location: at.clone(),
+            message: SEVERAL_UPSTREAMS_REFUSED.into(),
+        });
+    }
+    Ok(compiled)
+}
 
 /// A compiled policy with its metric handles.
 #[derive(Debug)]
@@ -86,13 +106,14 @@ impl PolicyStore {
     /// Loads the policy in `dir`.
     ///
     /// # Errors
-    /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy.
+    /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy, nor
+    /// on one that names upstreams ([`SEVERAL_UPSTREAMS_REFUSED`]).
     pub fn open(
         dir: &Path,
         metrics: Arc<Metrics>,
         sources: Sources,
     ) -> Result<(Self, Vec<Warning>), PolicyError> {
-        let compiled = compile(&PolicyFiles::read(dir)?)?;
+        let compiled = compile_served(&PolicyFiles::read(dir)?)?;
         let snapshot = Snapshot::new(&metrics, compiled.policy);
         let now = sources.now();
         metrics.policy_loaded(&snapshot.policy, now);
@@ -167,7 +188,7 @@ impl PolicyStore {
                 };
             }
         }
-        match compile(&files) {
+        match compile_served(&files) {
             Ok(compiled) => {
                 for w in &compiled.warnings {
                     tracing::warn!("{w}");
