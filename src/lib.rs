@@ -37,8 +37,9 @@
 //!   times, device ids that name no device (`extract::placeholder`). Knows nothing of
 //!   policies.
 //! - [`policy`]: the policy model (streams, classes, routes, areas, the shed curve with
-//!   [`policy::Rank`]), the files' schema, and compilation into an immutable
-//!   [`policy::Policy`] with errors that name file, line and field.
+//!   [`policy::Rank`], named upstreams as [`policy::UpstreamSpec`]s), the files' schema, and
+//!   compilation into an immutable [`policy::Policy`] with errors that name file, line and
+//!   field.
 //! - [`admission`]: the pure decision — stream class, staleness, area rank, the shed curve,
 //!   budgets — and whether a fix may be decided on its device's history
 //!   (`admission::trust`). Takes `now`, pressure and the random draw as arguments.
