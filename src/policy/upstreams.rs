@@ -93,7 +93,8 @@ pub fn parse_url(text: &str) -> Result<Uri, String> {
         Some("http") => {}
         Some(other) => {
             return Err(format!(
-                "scheme {other:?} is not supported; use http:// (terminate TLS in front)"
+                "scheme {other:?} is not supported at the upstream, which shedgate speaks plain \
+                 HTTP to; use http:// (terminate TLS in front of the upstream)"
             ));
         }
         None => return Err(format!("{text:?} needs http://")),

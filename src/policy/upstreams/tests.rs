@@ -163,7 +163,8 @@ fn upstream_urls_are_plain_http_with_a_host_and_no_query() {
         &table("https://a.internal"),
         3,
         "upstreams.\"a\".url",
-        "scheme \"https\" is not supported; use http:// (terminate TLS in front)",
+        "scheme \"https\" is not supported at the upstream, which shedgate speaks plain HTTP \
+         to; use http:// (terminate TLS in front of the upstream)",
     );
     assert_error(
         &table("a.internal:8080"),
