@@ -39,6 +39,43 @@ impl ClassLoad {
             class,
         }
     }
+
+    /// Takes a place in `class` if it has fewer than `limit` in flight, or if `full` says
+    /// the upstream's capacity is not all taken: the check and the increment are one atomic
+    /// step on the class count (`full` is asked only when the class is at its limit).
+    pub(super) fn try_start(
+        self: &Arc<Self>,
+        class: Class,
+        limit: u32,
+        full: impl Fn() -> bool,
+    ) -> Option<ClassGuard> {
+        let count = &self.inflight[class.index()];
+        let mut current = count.load(Ordering::Relaxed);
+        loop {
+            if current >= limit && full() {
+                return None;
+            }
+            match count.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(ClassGuard {
+                        load: Arc::clone(self),
+                        class,
+                    });
+                }
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Resolves when a request of any class ends (a place may be free).
+    pub(super) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.room.notified()
+    }
 }
 
 /// One request in flight in a class; dropping it ends it and wakes waiters.
@@ -91,32 +128,12 @@ pub(super) async fn hold_for_room(
 }
 
 impl Shared {
-    /// Takes a place in `class` if it is under its budget or capacity is idle: the check and
-    /// the increment are one atomic step on the class count.
+    /// Takes a place in `class` if it is under its budget or capacity is idle.
     fn try_reserve(&self, class: Class, cap: &crate::policy::ClassPolicy) -> Option<ClassGuard> {
         let capacity = self.pressure.capacity();
         let limit = cap.limit(capacity).unwrap_or(u32::MAX);
-        let count = &self.classes.inflight[class.index()];
-        let mut current = count.load(Ordering::Relaxed);
-        loop {
-            if current >= limit && self.pressure.inflight() >= capacity {
-                return None;
-            }
-            match count.compare_exchange_weak(
-                current,
-                current + 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    return Some(ClassGuard {
-                        load: Arc::clone(&self.classes),
-                        class,
-                    });
-                }
-                Err(seen) => current = seen,
-            }
-        }
+        self.classes
+            .try_start(class, limit, || self.pressure.inflight() >= capacity)
     }
 }
 
@@ -133,7 +150,7 @@ async fn wait_for_room(
     let cap = policy.class(class);
     let deadline = tokio::time::Instant::now() + cap.wait.unwrap_or_default();
     loop {
-        let notified = shared.classes.room.notified();
+        let notified = shared.classes.freed();
         if let Some(guard) = shared.try_reserve(class, cap) {
             return Ok(guard);
         }
