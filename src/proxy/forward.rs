@@ -13,14 +13,13 @@ use tower::{Service, ServiceExt};
 
 use super::Shared;
 use super::body::{GuardedBody, TimedBody};
-use super::budget::ClassGuard;
 use crate::BoxError;
 use crate::edge::rejection::{Body, Rejection};
 use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
-use crate::upstream::{ForwardBody, UpstreamOutcome};
+use crate::upstream::{ClassGuard, ForwardBody, UpstreamOutcome};
 
 /// A request whose body streams to the upstream unread, bounded in size and time.
 pub(super) fn stream_through<B>(shared: &Shared, req: Request<B>) -> Request<ForwardBody>

@@ -34,7 +34,6 @@ use std::time::Duration;
 use http::header::HeaderName;
 
 pub use body::{GuardedBody, TimedBody};
-pub use budget::ClassLoad;
 pub use freshness::{FloorGuard, FreshnessBudget};
 pub use future::ResponseFuture;
 pub use layer::AdmissionLayer;
@@ -45,6 +44,7 @@ use crate::admission::Load;
 use crate::clock::Sources;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
+use crate::upstream::ClassLoad;
 
 /// Request-path settings of the middleware.
 #[derive(Debug, Clone)]

@@ -2,10 +2,12 @@
 //! section 7.6.1), forwarding headers, the upstream timeout, and the mapping of client
 //! failures to rejections (docs/responses.md "Proxying").
 
+mod classes;
 mod headers;
 pub mod load_report;
 pub mod pool;
 
+pub use classes::{ClassGuard, ClassLoad};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
 
 use std::convert::Infallible;
