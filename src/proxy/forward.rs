@@ -49,8 +49,8 @@ pub(super) struct Delivery {
     pub(super) at: Option<crate::clock::UnixMillis>,
     /// Where the fix was, if readable: kept with its time, for the next fix's plausibility.
     pub(super) position: Option<crate::admission::trust::PackedPoint>,
-    /// Held while a floor admission is in flight ([`super::freshness`]).
-    pub(super) floor: Option<super::FloorGuard>,
+    /// Held while a floor admission is in flight ([`crate::upstream::FreshnessBudget`]).
+    pub(super) floor: Option<crate::upstream::FloorGuard>,
 }
 
 /// Forwards an admitted request, counting it in flight until its response body ends. A fix of

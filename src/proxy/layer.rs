@@ -4,13 +4,12 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use super::freshness::FreshnessBudget;
 use super::memory::BufferBudget;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared};
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
-use crate::upstream::ClassLoad;
+use crate::upstream::{ClassLoad, FreshnessBudget};
 
 /// Wraps a proxy service with admission control.
 #[derive(Debug, Clone)]

@@ -10,15 +10,14 @@
 //! future): `layer.rs` (configuration), `service.rs` (the framing check, then the branch),
 //! `resolve.rs` (route and stream before the body), `read.rs` (a sheddable body read and
 //! decided), `memory.rs` (the budget of buffered body bytes), `budget.rs` (class budgets
-//! and the capped wait), `shed.rs` (the answer when either budget runs out),
-//! `freshness.rs` (the freshness floor's budget), `forward.rs` (in-flight accounting and the
-//! upstream call), `future.rs` (the response future), `body.rs` (the body wrappers), and
-//! `record.rs` (the access log's entry and the preview's shadow decision).
+//! and the capped wait), `shed.rs` (the answer when either budget runs out), `forward.rs`
+//! (in-flight accounting and the upstream call), `future.rs` (the response future),
+//! `body.rs` (the body wrappers), and `record.rs` (the access log's entry and the preview's
+//! shadow decision).
 
 mod body;
 mod budget;
 mod forward;
-mod freshness;
 mod future;
 mod layer;
 mod memory;
@@ -34,7 +33,6 @@ use std::time::Duration;
 use http::header::HeaderName;
 
 pub use body::{GuardedBody, TimedBody};
-pub use freshness::{FloorGuard, FreshnessBudget};
 pub use future::ResponseFuture;
 pub use layer::AdmissionLayer;
 pub use memory::BufferBudget;
@@ -44,7 +42,7 @@ use crate::admission::Load;
 use crate::clock::Sources;
 use crate::live::PolicyStore;
 use crate::pressure::PressureGauge;
-use crate::upstream::ClassLoad;
+use crate::upstream::{ClassLoad, FreshnessBudget};
 
 /// Request-path settings of the middleware.
 #[derive(Debug, Clone)]

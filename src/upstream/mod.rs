@@ -3,11 +3,13 @@
 //! failures to rejections (docs/responses.md "Proxying").
 
 mod classes;
+mod freshness;
 mod headers;
 pub mod load_report;
 pub mod pool;
 
 pub use classes::{ClassGuard, ClassLoad};
+pub use freshness::{FloorGuard, FreshnessBudget};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
 
 use std::convert::Infallible;

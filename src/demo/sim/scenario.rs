@@ -213,7 +213,7 @@ struct Fleet {
     /// Each replica's device table.
     tables: Vec<Arc<crate::devices::DeviceTable>>,
     /// Each replica's freshness-floor budget (the policy's `max_silence` turns it on).
-    floors: Vec<Arc<crate::proxy::FreshnessBudget>>,
+    floors: Vec<Arc<crate::upstream::FreshnessBudget>>,
     /// Each replica's pressure at its last tick (0 once out of service).
     last: Vec<f64>,
     active: usize,
@@ -274,7 +274,7 @@ pub async fn run_scenario_phased(
             f.tables
                 .push(Arc::new(crate::devices::DeviceTable::new(1 << 20, wall)));
             f.floors
-                .push(Arc::new(crate::proxy::FreshnessBudget::default()));
+                .push(Arc::new(crate::upstream::FreshnessBudget::default()));
             f.last.push(0.0);
             let (fleet, report) = (Arc::clone(&fleet), Arc::clone(&report));
             let offset = TICK / 10 * u32::try_from((index * 7) % 10).unwrap_or(0);
