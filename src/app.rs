@@ -26,7 +26,7 @@ use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings, BufferBudget};
 use crate::signals::Signals;
-use crate::upstream::Proxy;
+use crate::upstream::{DEFAULT_NAME, Dispatch, Proxy, Upstream, Upstreams};
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
 /// rest.
@@ -53,7 +53,9 @@ pub enum StartError {
 pub struct Parts {
     /// The live policy.
     pub store: Arc<PolicyStore>,
-    /// Pressure.
+    /// The upstreams, each with its own pressure, budgets, clock and client.
+    pub upstreams: Upstreams,
+    /// The default upstream's pressure (`upstreams`' `default`).
     pub pressure: Arc<PressureGauge>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
@@ -82,32 +84,42 @@ pub fn build_stack(
         // the in-flight guard, which must live until the response body ends.
         .layer(AdmissionLayer::new(
             Arc::clone(&parts.store),
-            Arc::clone(&parts.pressure),
+            parts.upstreams.clone(),
             Arc::clone(&parts.buffers),
             Arc::clone(&parts.devices),
             AdmissionSettings {
                 stream_header: config.stream_header.clone(),
                 max_body: config.max_body,
                 body_read_timeout: config.body_read_timeout,
-                load_report: config.load_report.clone(),
             },
             parts.records.clone(),
         ))
-        // The proxy last: header hygiene, forwarding headers, the upstream timeout, and the
-        // mapping of client failures to 502/504/408/413 responses (never errors that would
-        // make hyper drop the client's connection).
-        .service(
-            Proxy::new(
-                &config.upstream,
-                config.upstream_timeout,
-                config.connect_timeout,
-                config.max_body,
-                config.host_header,
-                &config.trusted_proxies,
-                config.upstream_header_case,
-            )
-            .with_descriptors(Arc::clone(&parts.descriptors)),
-        )
+        // The upstream's client last, the one admission chose for the request: header
+        // hygiene, forwarding headers, the upstream timeout, and the mapping of client
+        // failures to 502/504/408/413 responses (never errors that would make hyper drop the
+        // client's connection).
+        .service(Dispatch)
+}
+
+/// The default upstream (`--upstream` and the flags about it), cold: its pressure starts
+/// from nothing learned, its sockets counted against `descriptors`.
+fn default_upstream(config: &Config, descriptors: &Arc<Descriptors>) -> Upstream {
+    let proxy = Proxy::new(
+        &config.upstream,
+        config.upstream_timeout,
+        config.connect_timeout,
+        config.max_body,
+        config.host_header,
+        &config.trusted_proxies,
+        config.upstream_header_case,
+    )
+    .with_descriptors(Arc::clone(descriptors));
+    Upstream::new(
+        DEFAULT_NAME,
+        proxy,
+        Arc::new(PressureGauge::new(config.controller)),
+        config.load_report.clone(),
+    )
 }
 
 /// A running proxy.
@@ -180,10 +192,13 @@ pub async fn start_with(
     let metrics = Arc::new(Metrics::new());
     let (store, warnings) =
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
+    let descriptors = Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics))));
+    let upstreams = Upstreams::of_default(default_upstream(&config, &descriptors));
     let parts = Parts {
         metrics: Arc::clone(&metrics),
         store: Arc::new(store),
-        pressure: Arc::new(PressureGauge::new(config.controller)),
+        pressure: Arc::clone(&upstreams.default_upstream().pressure),
+        upstreams,
         buffers: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
         devices: Arc::new(crate::devices::DeviceTable::new(
             config.max_devices,
@@ -197,7 +212,7 @@ pub async fn start_with(
                 .transpose()?,
             preview: Arc::default(),
         },
-        descriptors: Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics)))),
+        descriptors,
     };
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
@@ -252,7 +267,7 @@ pub async fn start_with(
     )));
     let router = admin::router(AdminState {
         store: Arc::clone(&parts.store),
-        pressure: Arc::clone(&parts.pressure),
+        upstreams: parts.upstreams.clone(),
         metrics: Arc::clone(&parts.metrics),
         lame_duck: lame_duck.clone(),
         devices: Arc::clone(&parts.devices),
@@ -306,14 +321,15 @@ pub async fn start_with(
     ))
 }
 
-/// Updates pressure every [`TICK`] and the metrics that follow from it; drains histogram
-/// samples every few seconds.
+/// Updates each upstream's pressure every [`TICK`] and the metrics that follow from it;
+/// drains histogram samples every few seconds.
 async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
     let mut upkeep = 0u32;
-    let mut shedding = 0.0f64;
+    // Each upstream's seconds spent shedding, by its place in the table.
+    let mut shedding = vec![0.0f64; parts.upstreams.iter().count()];
     // The devices past their floor, counted a tenth of the table each second.
     let (mut floor_part, mut past_floor) = (0usize, 0u64);
     loop {
@@ -322,28 +338,18 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.wait_for(|s| *s) => return,
         }
         let now = tokio::time::Instant::now();
-        parts.pressure.tick(now);
-        // What decisions see: at least an open schedule's floor, unless pinned.
-        let p = parts.pressure.pressure();
-        let p = if parts.pressure.is_pinned() {
-            p
-        } else {
-            let snapshot = parts.store.load();
-            crate::admission::schedule_floor(&snapshot.policy, parts.store.sources().now(), p).0
-        };
         let m = &parts.metrics;
-        m.pressure.set(p.get());
-        m.inflight.set(f64::from(parts.pressure.inflight()));
+        for ((_, up), shedding) in parts.upstreams.iter().zip(&mut shedding) {
+            tick_upstream(
+                &parts,
+                up,
+                now,
+                now.saturating_duration_since(last),
+                shedding,
+            );
+        }
         #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
         m.buffered_bytes.set(parts.buffers.used() as f64);
-        m.rank_cutoff.set(Curve::threshold(p));
-        if p > Pressure::SHED_FLOOR {
-            // Counters hold integers: accumulate exactly, export whole seconds.
-            shedding += now.saturating_duration_since(last).as_secs_f64();
-            #[expect(clippy::cast_possible_truncation, reason = "whole seconds, >= 0")]
-            #[expect(clippy::cast_sign_loss, reason = "whole seconds, >= 0")]
-            m.shedding_seconds.absolute(shedding.floor() as u64);
-        }
         last = now;
         upkeep += 1;
         if upkeep.is_multiple_of(20) {
@@ -371,6 +377,38 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
             upkeep = 0;
             m.run_upkeep();
         }
+    }
+}
+
+/// Ticks `up`'s pressure at `now`, `since` the last tick, and exports what follows from it:
+/// its pressure as decisions see it, its in-flight count, the rank cut-off, and the seconds
+/// it has spent shedding (accumulated in `shedding`).
+fn tick_upstream(
+    parts: &Parts,
+    up: &Upstream,
+    now: tokio::time::Instant,
+    since: Duration,
+    shedding: &mut f64,
+) {
+    up.pressure.tick(now);
+    // What decisions see: at least an open schedule's floor, unless pinned.
+    let p = up.pressure.pressure();
+    let p = if up.pressure.is_pinned() {
+        p
+    } else {
+        let snapshot = parts.store.load();
+        crate::admission::schedule_floor(&snapshot.policy, parts.store.sources().now(), p).0
+    };
+    let m = &parts.metrics;
+    m.pressure.set(p.get());
+    m.inflight.set(f64::from(up.pressure.inflight()));
+    m.rank_cutoff.set(Curve::threshold(p));
+    if p > Pressure::SHED_FLOOR {
+        // Counters hold integers: accumulate exactly, export whole seconds.
+        *shedding += since.as_secs_f64();
+        #[expect(clippy::cast_possible_truncation, reason = "whole seconds, >= 0")]
+        #[expect(clippy::cast_sign_loss, reason = "whole seconds, >= 0")]
+        m.shedding_seconds.absolute(shedding.floor() as u64);
     }
 }
 

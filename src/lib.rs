@@ -9,12 +9,12 @@
 //! # Request path
 //!
 //! ```text
-//! client ─► edge (framing guard) ─► proxy (Admission) ─► upstream (Proxy) ─► upstream
+//! client ─► edge (framing guard) ─► proxy (Admission) ─► upstream (Dispatch) ─► upstream
 //!                                   │ stream → live policy snapshot (live)  ▲
 //!                                   │ body → facts (extract)                │ latency, in-flight
 //!                                   │ facts → decide (admission)            │
 //!                                   └► shed: edge::rejection (503 + Retry-After)
-//!                                                    pressure (PressureGauge) ◄┘
+//!                                     its upstream's pressure (PressureGauge) ◄┘
 //! ```
 //!
 //! # Layout
@@ -59,8 +59,13 @@
 //!   connection's raw bytes, the one place where reasons become statuses, `Retry-After` and
 //!   problem+json, and the access-log line of a head hyper's parser refused
 //!   (`edge::refusal`).
-//! - [`upstream`]: the pooled proxy client, header hygiene, and the reader of the upstream's
-//!   ORCA load report (`upstream::load_report`).
+//! - [`upstream`]: [`upstream::Upstream`]: everything one upstream owns — its pooled client,
+//!   its pressure (one controller per upstream, never shared), its class and freshness
+//!   budgets, its clock skew, its load-report reading; [`upstream::Upstreams`], the table
+//!   the request path, the pressure tick and the admin listener reach each one by
+//!   ([`upstream::UpstreamId`]); [`upstream::Dispatch`], the stack's innermost service,
+//!   sending each request to the upstream admission chose for it. And the client's header
+//!   hygiene and the reader of the upstream's ORCA load report (`upstream::load_report`).
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the
 //!   service, read, budget, forward, and `proxy::shed`, the answer when a budget runs out),
 //!   holding in-flight accounting until the body ends.

@@ -24,15 +24,15 @@ use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::{Area, Class, Mode, Supersession};
 use crate::pressure::Pressure;
-use crate::pressure::PressureGauge;
+use crate::upstream::Upstreams;
 
 /// What the admin handlers read and change.
 #[derive(Debug, Clone)]
 pub struct AdminState {
     /// The live policy.
     pub store: Arc<PolicyStore>,
-    /// The pressure gauge.
-    pub pressure: Arc<PressureGauge>,
+    /// The upstreams: `/pressure` and `/stats` are the default one's.
+    pub upstreams: Upstreams,
     /// The metrics.
     pub metrics: Arc<Metrics>,
     /// Set on SIGTERM: `/healthz` answers 503 so that readiness fails while traffic is
@@ -239,7 +239,8 @@ async fn stats(State(s): State<AdminState>) -> Response {
             .stream(name)
             .map(|id| policy.stream_policy(id).class.as_str())
     });
-    let pressure = s.pressure.pressure();
+    let gauge = &s.upstreams.default_upstream().pressure;
+    let pressure = gauge.pressure();
     let mut disabled = Vec::new();
     for st in policy.streams() {
         if st.disabled.active(now) {
@@ -256,9 +257,9 @@ async fn stats(State(s): State<AdminState>) -> Response {
     }
     Json(serde_json::json!({
         "pressure": pressure.get(),
-        "pinned": s.pressure.is_pinned(),
+        "pinned": gauge.is_pinned(),
         "rank_cutoff": crate::policy::Curve::threshold(pressure),
-        "inflight": s.pressure.inflight(),
+        "inflight": gauge.inflight(),
         "streams": streams,
         "classes": classes,
         "disabled": disabled,
@@ -334,7 +335,7 @@ fn until_text(d: crate::policy::Disable) -> Option<String> {
 }
 
 async fn get_pressure(State(s): State<AdminState>) -> Response {
-    Json(s.pressure.view()).into_response()
+    Json(s.upstreams.default_upstream().pressure.view()).into_response()
 }
 
 /// `PUT /pressure` body.
@@ -350,13 +351,14 @@ async fn pin_pressure(State(s): State<AdminState>, body: axum::body::Bytes) -> R
         .and_then(|p| {
             Pressure::new(p.pin).ok_or_else(|| format!("pin must be in [0, 1], got {}", p.pin))
         });
+    let gauge = &s.upstreams.default_upstream().pressure;
     match pin {
         Ok(p) => {
-            s.pressure.pin(Some(p));
+            gauge.pin(Some(p));
             s.metrics.pressure.set(p.get());
             s.metrics.pressure_pinned.set(1.0);
             tracing::warn!(pressure = p.get(), "pressure pinned by operator");
-            Json(s.pressure.view()).into_response()
+            Json(gauge.view()).into_response()
         }
         Err(detail) => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -367,10 +369,11 @@ async fn pin_pressure(State(s): State<AdminState>, body: axum::body::Bytes) -> R
 }
 
 async fn unpin_pressure(State(s): State<AdminState>) -> Response {
-    s.pressure.pin(None);
+    let gauge = &s.upstreams.default_upstream().pressure;
+    gauge.pin(None);
     s.metrics.pressure_pinned.set(0.0);
     tracing::info!("pressure unpinned");
-    Json(s.pressure.view()).into_response()
+    Json(gauge.view()).into_response()
 }
 
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response {

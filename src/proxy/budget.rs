@@ -1,5 +1,6 @@
-//! Class budgets: requests in flight per priority class, the check that a `never` request
-//! of a capped class must wait, the wait for a reserved place, and the 503 when it runs out.
+//! Class budgets on the request path: the check that a `never` request of a capped class
+//! must wait, the wait for a reserved place in its upstream's class count
+//! ([`crate::upstream::ClassLoad`]), and the 503 when it runs out.
 
 use http::Response;
 
@@ -9,19 +10,21 @@ use crate::admission::{ShedReason, Verdict};
 use crate::edge::rejection::Body;
 use crate::live::store::Snapshot;
 use crate::policy::{Class, StreamId};
-use crate::upstream::ClassGuard;
+use crate::upstream::{ClassGuard, Upstream};
 
-/// Whether a `never` request of `class` must get a place under the class cap first.
-pub(super) fn capped(shared: &Shared, policy: &crate::policy::Policy, class: Class) -> bool {
+/// Whether a `never` request of `class` bound to `up` must get a place under the class cap
+/// first.
+pub(super) fn capped(up: &Upstream, policy: &crate::policy::Policy, class: Class) -> bool {
     let cap = policy.class(class);
-    cap.wait.is_some() && shared.load().over_budget(class, cap)
+    cap.wait.is_some() && up.load().over_budget(class, cap)
 }
 
-/// A `never` request of a capped class over its budget: in warn mode (global or the class's)
-/// it is counted as a would-shed and goes through; otherwise it waits for a reserved place
-/// (`Ok`) or, when the wait runs out, gets its 503 answer (`Err`).
+/// A `never` request of a capped class over its budget at `up`: in warn mode (global or the
+/// class's) it is counted as a would-shed and goes through; otherwise it waits for a
+/// reserved place (`Ok`) or, when the wait runs out, gets its 503 answer (`Err`).
 pub(super) async fn hold_for_room(
     shared: &Shared,
+    up: &Upstream,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     class: Class,
@@ -35,10 +38,11 @@ pub(super) async fn hold_for_room(
             .shed(stream, None, Verdict::WouldShed(ShedReason::Budget));
         return Ok(None);
     }
-    match wait_for_room(shared, policy, class).await {
+    match wait_for_room(up, policy, class).await {
         Ok(guard) => Ok(Some(guard)),
         Err(()) => Err(shed_outside_decide(
             shared,
+            up,
             snapshot,
             stream,
             ShedReason::Budget,
@@ -46,14 +50,17 @@ pub(super) async fn hold_for_room(
     }
 }
 
-impl Shared {
-    /// Takes a place in `class` if it is under its budget or capacity is idle.
-    fn try_reserve(&self, class: Class, cap: &crate::policy::ClassPolicy) -> Option<ClassGuard> {
-        let capacity = self.pressure.capacity();
-        let limit = cap.limit(capacity).unwrap_or(u32::MAX);
-        self.classes
-            .try_start(class, limit, || self.pressure.inflight() >= capacity)
-    }
+/// Takes a place in `class` at `up` if the class is under its budget or `up`'s capacity is
+/// idle.
+fn try_reserve(
+    up: &Upstream,
+    class: Class,
+    cap: &crate::policy::ClassPolicy,
+) -> Option<ClassGuard> {
+    let capacity = up.pressure.capacity();
+    let limit = cap.limit(capacity).unwrap_or(u32::MAX);
+    up.classes
+        .try_start(class, limit, || up.pressure.inflight() >= capacity)
 }
 
 /// A `never` request whose class is capped (`budget` with `wait`) and over its budget waits
@@ -62,19 +69,19 @@ impl Shared {
 /// the request is answered 503 + `Retry-After` (reason `budget`) — never dropped silently:
 /// the sender keeps the event and retries.
 async fn wait_for_room(
-    shared: &Shared,
+    up: &Upstream,
     policy: &crate::policy::Policy,
     class: Class,
 ) -> Result<ClassGuard, ()> {
     let cap = policy.class(class);
     let deadline = tokio::time::Instant::now() + cap.wait.unwrap_or_default();
     loop {
-        let notified = shared.classes.freed();
-        if let Some(guard) = shared.try_reserve(class, cap) {
+        let notified = up.classes.freed();
+        if let Some(guard) = try_reserve(up, class, cap) {
             return Ok(guard);
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return shared.try_reserve(class, cap).ok_or(());
+            return try_reserve(up, class, cap).ok_or(());
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
-use crate::upstream::{ClassGuard, ForwardBody, UpstreamOutcome};
+use crate::upstream::{ClassGuard, ForwardBody, Target, UpstreamId, UpstreamOutcome};
 
 /// A request whose body streams to the upstream unread, bounded in size and time.
 pub(super) fn stream_through<B>(shared: &Shared, req: Request<B>) -> Request<ForwardBody>
@@ -53,12 +53,18 @@ pub(super) struct Delivery {
     pub(super) floor: Option<crate::upstream::FloorGuard>,
 }
 
-/// Forwards an admitted request, counting it in flight until its response body ends. A fix of
+/// Forwards an admitted request to `upstream` (through `inner`, which sends it to the
+/// request's [`Target`]), counting it in flight there until its response body ends. A fix of
 /// a device (`delivery`) the upstream answers 2xx ends the device's silence.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request, where it goes, and what it holds, by name"
+)]
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
     inner: S,
     snapshot: Arc<Snapshot>,
+    upstream: UpstreamId,
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
     reserved: Option<ClassGuard>,
@@ -69,6 +75,7 @@ where
     S::Future: Send,
 {
     let mut req = req;
+    let up = &shared.upstreams[upstream];
     // The access log's note: the decision's, else a body streamed through unread.
     let mut note = shared.recording().then(|| {
         req.extensions_mut()
@@ -88,11 +95,12 @@ where
     counts.accepted(shared.sources().now());
     let mut delivery = delivery;
     let guard = (
-        shared.pressure.start(),
-        reserved.unwrap_or_else(|| shared.classes.start(class)),
+        up.pressure.start(),
+        reserved.unwrap_or_else(|| up.classes.start(class)),
         counts.start(),
         delivery.as_mut().and_then(|d| d.floor.take()),
     );
+    req.extensions_mut().insert(Target(Arc::clone(up)));
     // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
     // generic future directly trips rustc's higher-ranked `Send` inference.
     let call: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>> =
@@ -107,8 +115,7 @@ where
                 // budget share and the stream's in-flight count are freed now, and the wait
                 // is a latency sample as slow as the limit.
                 drop(guard);
-                shared
-                    .pressure
+                up.pressure
                     .record_latency(snapshot.policy.cost_slot(stream), limit);
                 let mut response = reject(
                     &shared,
@@ -142,7 +149,7 @@ where
         )
     {
         let local = shared.sources().now();
-        let corrected = shared.skew.correct(local);
+        let corrected = up.skew.correct(local);
         if let Some(silence) = shared.devices.delivered(id, at, position, corrected, local) {
             m.silence(stream, silence);
         }
@@ -150,7 +157,8 @@ where
     let mut response = response;
     let outcome = match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
-            shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
+            let date = response.headers().get(http::header::DATE);
+            up.sample_clock(shared.sources(), m.global(), date);
             // Only an answer that served the request measures how long serving takes. A 5xx
             // is often fast (a failing dependency, a 503 of its own), and so is a 4xx (a
             // signature or token refused once the body is read): one fast 401 after a quiet
@@ -158,27 +166,22 @@ where
             // "Samples"). Neither is a latency sample.
             let status = response.status();
             if status.is_success() || status.is_redirection() {
-                shared
-                    .pressure
+                up.pressure
                     .record_latency(snapshot.policy.cost_slot(stream), *latency);
             }
-            if let Some(field) = &shared.settings.load_report {
-                read_load_report(&shared, m.global(), response.headers(), field);
-            }
+            up.read_load_report(m.global(), response.headers());
             m.global().observe_latency(*latency);
             (Outcome::Forwarded, None)
         }
         Some(UpstreamOutcome::AnsweredEarly) => {
-            shared.sample_clock(m.global(), response.headers().get(http::header::DATE));
-            if let Some(field) = &shared.settings.load_report {
-                read_load_report(&shared, m.global(), response.headers(), field);
-            }
+            let date = response.headers().get(http::header::DATE);
+            up.sample_clock(shared.sources(), m.global(), date);
+            up.read_load_report(m.global(), response.headers());
             (Outcome::Forwarded, None)
         }
         Some(UpstreamOutcome::TimedOut { after }) => {
             // A timeout is overload: it counts as a sample at least as slow as the timeout.
-            shared
-                .pressure
+            up.pressure
                 .record_latency(snapshot.policy.cost_slot(stream), *after);
             let kind = crate::metrics::ErrorKind::GatewayTimeout;
             m.global().proxy_error(kind);
@@ -196,40 +199,6 @@ where
         response.extensions_mut().insert(note);
     }
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
-}
-
-/// Feeds the upstream's load report on `field` to the controller and counts it; a report
-/// that is there but unreadable is counted, logged (at warn the first time, then at debug),
-/// and not read: the controller steers on its own readings while none is fresh.
-fn read_load_report(
-    shared: &Shared,
-    metrics: &crate::metrics::Metrics,
-    headers: &http::HeaderMap,
-    field: &crate::upstream::load_report::LoadReportField,
-) {
-    match crate::upstream::load_report::read(headers, field) {
-        Ok(None) => {}
-        Ok(Some(utilisation)) => {
-            shared.pressure.record_load_report(utilisation);
-            metrics.load_report(true);
-        }
-        Err(error) => {
-            metrics.load_report(false);
-            if shared
-                .load_report_warned
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                tracing::debug!(%error, "upstream load report not read");
-            } else {
-                tracing::warn!(
-                    %error,
-                    "upstream load report not read (counted in \
-                     shedgate_upstream_load_reports_total{{outcome=\"invalid\"}}; \
-                     later ones log at debug)"
-                );
-            }
-        }
-    }
 }
 
 /// Answers a request the proxy refuses or gives up on, counting it: outcome `rejected` for

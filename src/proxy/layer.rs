@@ -8,8 +8,7 @@ use super::memory::BufferBudget;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared};
 use crate::live::PolicyStore;
-use crate::pressure::PressureGauge;
-use crate::upstream::{ClassLoad, FreshnessBudget};
+use crate::upstream::Upstreams;
 
 /// Wraps a proxy service with admission control.
 #[derive(Debug, Clone)]
@@ -18,13 +17,16 @@ pub struct AdmissionLayer {
 }
 
 impl AdmissionLayer {
-    /// A layer deciding with the live policy in `store` and the pressure in `pressure`,
-    /// sheddable bodies drawing on `buffers`, devices remembered in `devices`, answers written
-    /// to the access log and decided in the preview's shadow as `records` says. The clock and
-    /// the draw are the store's ([`PolicyStore::sources`]): one per proxy.
+    /// A layer deciding with the live policy in `store` and the pressure and budgets of each
+    /// request's upstream in `upstreams` (the request carries its upstream to the inner
+    /// service as a [`crate::upstream::Target`]: [`crate::upstream::Dispatch`] sends it
+    /// there), sheddable bodies drawing on `buffers`, devices remembered in `devices`,
+    /// answers written to the access log and decided in the preview's shadow as `records`
+    /// says. The clock and the draw are the store's ([`PolicyStore::sources`]): one per
+    /// proxy.
     pub fn new(
         store: Arc<PolicyStore>,
-        pressure: Arc<PressureGauge>,
+        upstreams: Upstreams,
         buffers: Arc<BufferBudget>,
         devices: Arc<crate::devices::DeviceTable>,
         settings: AdmissionSettings,
@@ -33,14 +35,10 @@ impl AdmissionLayer {
         AdmissionLayer {
             shared: Arc::new(Shared {
                 store,
-                pressure,
                 settings,
-                classes: Arc::new(ClassLoad::default()),
-                freshness: Arc::new(FreshnessBudget::default()),
+                upstreams,
                 buffers,
                 devices,
-                skew: crate::clock::skew::ClockSkew::default(),
-                load_report_warned: std::sync::atomic::AtomicBool::new(false),
                 records,
             }),
         }

@@ -38,11 +38,9 @@ pub use layer::AdmissionLayer;
 pub use memory::BufferBudget;
 pub use service::Admission;
 
-use crate::admission::Load;
 use crate::clock::Sources;
 use crate::live::PolicyStore;
-use crate::pressure::PressureGauge;
-use crate::upstream::{ClassLoad, FreshnessBudget};
+use crate::upstream::Upstreams;
 
 /// Request-path settings of the middleware.
 #[derive(Debug, Clone)]
@@ -53,28 +51,19 @@ pub struct AdmissionSettings {
     pub max_body: u64,
     /// Time allowed to receive the whole request body.
     pub body_read_timeout: Duration,
-    /// The ORCA metric read from answers as the upstream's utilisation (`--load-report`).
-    pub load_report: Option<crate::upstream::load_report::LoadReportField>,
 }
 
 #[derive(Debug)]
 struct Shared {
     store: Arc<PolicyStore>,
-    pressure: Arc<PressureGauge>,
     settings: AdmissionSettings,
-    /// In flight per class, for budgets.
-    classes: Arc<ClassLoad>,
-    /// Floor admissions in flight, for the freshness floor's budget.
-    freshness: Arc<FreshnessBudget>,
+    /// The upstreams requests go to, each with its own pressure, class and freshness
+    /// budgets, clock and client.
+    upstreams: Upstreams,
     /// Buffered body bytes (`--max-buffered-bytes`).
     buffers: Arc<BufferBudget>,
     /// What this replica remembers of each device.
     devices: Arc<crate::devices::DeviceTable>,
-    /// The local clock's offset from the upstream's, from responses' `Date` headers.
-    skew: crate::clock::skew::ClockSkew,
-    /// Whether an unreadable load report was logged at warn yet (later ones log at debug;
-    /// the counter counts them all).
-    load_report_warned: std::sync::atomic::AtomicBool,
     /// The access log and the policy preview.
     records: crate::record::Records,
 }
@@ -83,43 +72,5 @@ impl Shared {
     /// The proxy's clock and draw: the policy store's.
     fn sources(&self) -> &Sources {
         self.store.sources()
-    }
-
-    /// Takes a sample of the upstream's clock from a response's `Date`, and reports a change
-    /// of the correction: the gauges, and one log line when it engages, is released, or is
-    /// disbelieved. A response without `Date`, or within a second of the last sample, costs
-    /// a header lookup or a clock read and one atomic load.
-    fn sample_clock(&self, metrics: &crate::metrics::Metrics, date: Option<&http::HeaderValue>) {
-        use crate::clock::skew::Change;
-        let Some(change) = date.and_then(|d| self.skew.sample(self.sources().now(), d)) else {
-            return;
-        };
-        if let Some(ms) = self.skew.estimate() {
-            metrics.clock_offset.set(crate::clock::millis_to_secs(ms));
-        }
-        metrics
-            .clock_corrected
-            .set(if self.skew.corrected() { 1.0 } else { 0.0 });
-        match change {
-            Change::None => {}
-            Change::Engaged(ms) => tracing::warn!(
-                offset_ms = ms,
-                "the local clock is off from the upstream's Date by more than 5 s: event \
-                 ages are judged against the upstream's clock until it agrees again"
-            ),
-            Change::Released => {
-                tracing::info!("the local clock agrees with the upstream's again");
-            }
-            Change::Disbelieved(ms) => tracing::warn!(
-                offset_ms = ms,
-                "the upstream's Date is more than 24 h off the local clock: neither is \
-                 believed, event ages are judged against the local clock"
-            ),
-        }
-    }
-
-    fn load(&self) -> Load {
-        self.classes
-            .load(self.pressure.inflight(), self.pressure.capacity())
     }
 }

@@ -16,6 +16,7 @@ use super::Shared;
 use super::budget::{capped, hold_for_room};
 use super::forward::{Delivery, forward, reject};
 use super::memory::{Budgeted, OverBudget, Reservation};
+use super::resolve::upstream_of;
 use super::shed::shed_outside_decide;
 use crate::BoxError;
 use crate::admission::trust::{PackedPoint, judge};
@@ -31,7 +32,7 @@ use crate::metrics::{Fact, Outcome};
 use crate::policy::Supersession;
 use crate::record::preview::Live;
 use crate::record::{Decided, Note};
-use crate::upstream::ForwardBody;
+use crate::upstream::{ForwardBody, Target, UpstreamId};
 
 /// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
 /// forwards or answers.
@@ -65,8 +66,9 @@ where
         Err(_) => return reject(&shared, &snapshot, stream, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
             // Shed before its decision, but offered all the same: its one arrival.
-            shared.pressure.arrive();
-            return shed_outside_decide(&shared, &snapshot, stream, ShedReason::Memory);
+            let up = &shared.upstreams[upstream_of(read_as.route.map(|(i, _)| i), stream)];
+            up.pressure.arrive();
+            return shed_outside_decide(&shared, up, &snapshot, stream, ShedReason::Memory);
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             let rejection = Rejection::PayloadTooLarge {
@@ -149,15 +151,18 @@ where
             m.unreadable(stream, route, Fact::Time);
         }
     }
+    // The upstream the request goes to: its clock, pressure and budgets decide it.
+    let upstream = upstream_of(route, stream);
+    let up = &shared.upstreams[upstream];
     // Ages are judged against the upstream's clock when the local one is off by more than
     // the bound (docs/decision.md "Decision rule", step 4).
     let local_now = shared.sources().now();
-    let now = shared.skew.correct(local_now);
+    let now = up.skew.correct(local_now);
     // This request's one arrival ([`crate::pressure::PressureGauge::arrive`]), and the
     // pressure it is decided at. A schedule's floor raises pressure while its window is
     // open; a pin overrides both.
-    let raw = shared.pressure.admission_pressure();
-    let pinned = shared.pressure.is_pinned();
+    let raw = up.pressure.admission_pressure();
+    let pinned = up.pressure.is_pinned();
     let (pressure, schedule) = if pinned {
         (raw, None)
     } else {
@@ -171,12 +176,12 @@ where
     let mut device = facts.device.filter(|_| sheddable);
     let mut untrusted =
         (sheddable && named == NamedDevice::Placeholder).then_some(Untrusted::Placeholder);
-    let (draw, mut load) = (shared.sources().draw(), shared.load());
+    let (draw, mut load) = (shared.sources().draw(), up.load());
     if device.is_some() {
         // The freshness floor of this fix: its route's or stream's `max_silence`, and the
         // floor's budget now.
         let max_silence = stream.and_then(|id| policy.max_silence(id, route));
-        load.floor = shared.freshness.floor(
+        load.floor = up.freshness.floor(
             max_silence,
             policy.freshness_share(),
             load.capacity,
@@ -219,7 +224,7 @@ where
     if let Some(floor) = decision.floor {
         m.floor(stream, floor);
         if let (FloorVerdict::Denied, Some(history)) = (floor, &decision.device) {
-            shared.freshness.denied(&load.floor, history, local_now);
+            up.freshness.denied(&load.floor, history, local_now);
         }
     }
     shared.preview(
@@ -270,7 +275,7 @@ where
     if let Some(age) = decision.age_ms {
         m.event_age(stream, age);
     }
-    if decision.verdict == Verdict::Shed(ShedReason::Stale) && shared.skew.wants_probe(local_now) {
+    if decision.verdict == Verdict::Shed(ShedReason::Stale) && up.skew.wants_probe(local_now) {
         // Every answer stale and no recent `Date` to tell a backlog from a clock that is
         // ahead: ask the upstream for its clock, off the request path.
         m.global().clock_probes.increment(1);
@@ -278,6 +283,7 @@ where
             Arc::clone(&shared),
             inner.clone(),
             Arc::clone(&snapshot),
+            upstream,
         ));
     }
     if decision.implausible_time {
@@ -332,8 +338,8 @@ where
                 crate::admission::Rule::NeverShed | crate::admission::Rule::UnknownStream
             );
             let class = policy.class_of(stream);
-            if never && capped(&shared, policy, class) {
-                match hold_for_room(&shared, &snapshot, stream, class).await {
+            if never && capped(up, policy, class) {
+                match hold_for_room(&shared, up, &snapshot, stream, class).await {
                     Ok(guard) => reserved = guard,
                     Err(response) => return response,
                 }
@@ -349,7 +355,7 @@ where
                 },
                 position: PackedPoint::of(facts.coordinates),
                 floor: (decision.rule == crate::admission::Rule::Freshness)
-                    .then(|| shared.freshness.start(local_now)),
+                    .then(|| up.freshness.start(local_now)),
             });
             let mut parts = parts;
             if let Some(note) = note {
@@ -359,6 +365,7 @@ where
                 shared.clone(),
                 inner,
                 Arc::clone(&snapshot),
+                upstream,
                 stream,
                 Request::from_parts(parts, body),
                 reserved,
@@ -373,10 +380,14 @@ where
 }
 
 /// Sends `OPTIONS *` (RFC 9110 section 9.3.7: a request about the server as a whole, its
-/// "ping") to the upstream and samples the clock from the answer's `Date`. Not a latency
+/// "ping") to `upstream` and samples its clock from the answer's `Date`. Not a latency
 /// sample and not a request of any stream.
-async fn probe_clock<S>(shared: Arc<Shared>, inner: S, snapshot: Arc<Snapshot>)
-where
+async fn probe_clock<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    snapshot: Arc<Snapshot>,
+    upstream: UpstreamId,
+) where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
@@ -386,6 +397,8 @@ where
     let mut req = Request::new(body);
     *req.method_mut() = http::Method::OPTIONS;
     *req.uri_mut() = http::Uri::from_static("*");
+    let up = &shared.upstreams[upstream];
+    req.extensions_mut().insert(Target(Arc::clone(up)));
     let call: std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>,
     > = Box::pin(tower::ServiceExt::oneshot(inner, req));
@@ -395,9 +408,7 @@ where
         .get::<crate::upstream::UpstreamOutcome>()
         .is_some_and(|o| matches!(o, crate::upstream::UpstreamOutcome::Answered { .. }))
     {
-        shared.sample_clock(
-            snapshot.metrics.global(),
-            response.headers().get(http::header::DATE),
-        );
+        let date = response.headers().get(http::header::DATE);
+        up.sample_clock(shared.sources(), snapshot.metrics.global(), date);
     }
 }

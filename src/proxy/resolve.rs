@@ -7,6 +7,7 @@ use crate::admission::Reading;
 use crate::extract::headers::{Stated, read_one};
 use crate::policy::path::route_path;
 use crate::policy::{Policy, StreamId, StreamSource};
+use crate::upstream::UpstreamId;
 
 /// Longest stream value read from a header, bytes: a longer value is unclassified without
 /// being hashed or mapped (policy stream names are at most 64 characters; a `stream_map`
@@ -61,4 +62,10 @@ pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &Head
         known,
         ambiguous,
     }
+}
+
+/// The upstream a request of `stream` (when known) read by `route` (when one matched) goes
+/// to: the default one (`--upstream`), the one upstream a proxy has.
+pub(super) fn upstream_of(_route: Option<usize>, _stream: Option<StreamId>) -> UpstreamId {
+    UpstreamId::DEFAULT
 }

@@ -17,7 +17,7 @@ use super::forward::{forward, reject, stream_through};
 use super::future::ResponseFuture;
 use super::read::admit_sheddable;
 use super::record::{Start, finish};
-use super::resolve::resolve;
+use super::resolve::{resolve, upstream_of};
 use crate::BoxError;
 use crate::edge::rejection::{Body, Rejection};
 use crate::edge::target::Local;
@@ -140,26 +140,35 @@ impl<S> Admission<S> {
             // `never` and unknown streams: the body is not parsed or buffered; it streams
             // through, still bounded in size and time. Its arrival is observed all the same
             // (the offered rate counts every request the upstream is offered).
-            shared.pressure.arrive();
+            let route = reading.route.map(|(i, _)| i);
+            let upstream = upstream_of(route, stream);
+            let up = &shared.upstreams[upstream];
+            up.pressure.arrive();
             shared.preview_unread(
                 &snapshot,
                 stream.map(|id| policy.stream_policy(id).name.as_str()),
             );
             let class = snapshot.policy.class_of(stream);
-            if capped(&shared, &snapshot.policy, class) {
+            if capped(up, &snapshot.policy, class) {
                 return ResponseFuture::boxed(async move {
-                    match hold_for_room(&shared, &snapshot, stream, class).await {
+                    let up = &shared.upstreams[upstream];
+                    match hold_for_room(&shared, up, &snapshot, stream, class).await {
                         Ok(reserved) => {
                             // The body deadline starts after the wait, not before it.
                             let req = stream_through(&shared, req);
-                            forward(shared, inner, snapshot, stream, req, reserved, None).await
+                            forward(
+                                shared, inner, snapshot, upstream, stream, req, reserved, None,
+                            )
+                            .await
                         }
                         Err(response) => response,
                     }
                 });
             }
             let req = stream_through(&shared, req);
-            ResponseFuture::boxed(forward(shared, inner, snapshot, stream, req, None, None))
+            ResponseFuture::boxed(forward(
+                shared, inner, snapshot, upstream, stream, req, None, None,
+            ))
         }
     }
 }

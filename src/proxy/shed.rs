@@ -10,13 +10,16 @@ use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
+use crate::upstream::Upstream;
 
 /// Sheds a request for `reason`, decided outside [`crate::admission::decide`] (a capped
 /// class's wait ran out: [`ShedReason::Budget`]; the buffered bytes ran out:
-/// [`ShedReason::Memory`]): 503 + `Retry-After` with the explanation, counted like any shed,
-/// and logged. The sender keeps the event and resends.
+/// [`ShedReason::Memory`]): 503 + `Retry-After` with the explanation (at the pressure of
+/// `up`, the request's upstream), counted like any shed, and logged. The sender keeps the
+/// event and resends.
 pub(super) fn shed_outside_decide(
     shared: &Shared,
+    up: &Upstream,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     reason: ShedReason,
@@ -40,7 +43,7 @@ pub(super) fn shed_outside_decide(
         | ShedReason::Superseded
         | ShedReason::Pressure => {}
     }
-    let pressure = shared.pressure.pressure();
+    let pressure = up.pressure.pressure();
     let decision = crate::admission::Decision::shed_by(reason, policy, pressure);
     let m = &snapshot.metrics;
     m.shed(stream, None, decision.verdict);

@@ -1,16 +1,27 @@
-//! The proxy to the upstream: the connection pool ([`pool`]), header hygiene (RFC 9110
-//! section 7.6.1), forwarding headers, the upstream timeout, and the mapping of client
-//! failures to rejections (docs/responses.md "Proxying").
+//! The upstreams: everything one upstream owns ([`Upstream`]: its client, pressure, class
+//! and freshness budgets, clock skew and load reports), the table of a proxy's upstreams
+//! ([`Upstreams`], by [`UpstreamId`]), and the stack's innermost service sending each
+//! request to the upstream chosen for it ([`Dispatch`], by its [`Target`]).
+//!
+//! And the client to one upstream ([`Proxy`]): the connection pool ([`pool`]), header
+//! hygiene (RFC 9110 section 7.6.1), forwarding headers, the upstream timeout, and the
+//! mapping of client failures to rejections (docs/responses.md "Proxying").
 
 mod classes;
+mod dispatch;
 mod freshness;
 mod headers;
 pub mod load_report;
 pub mod pool;
+mod set;
+mod state;
 
 pub use classes::{ClassGuard, ClassLoad};
+pub use dispatch::{Dispatch, Target};
 pub use freshness::{FloorGuard, FreshnessBudget};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
+pub use set::{DEFAULT_NAME, UpstreamId, Upstreams};
+pub use state::Upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -240,7 +251,7 @@ impl tower::Service<Request<ForwardBody>> for Proxy {
 }
 
 impl Proxy {
-    async fn forward(self, req: Request<ForwardBody>) -> Response<Body> {
+    async fn forward(&self, req: Request<ForwardBody>) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let uri = match self.upstream_uri(&parts.uri) {
             Ok(uri) => uri,

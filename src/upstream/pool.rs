@@ -71,8 +71,8 @@ struct Stack {
     reaper: std::sync::atomic::AtomicBool,
 }
 
-/// Connections to one upstream. Cheap to clone (one reference count: the proxy service is
-/// cloned twice per request); clones share the idle connections.
+/// Connections to one upstream. Cheap to clone (one reference count); clones share the idle
+/// connections.
 #[derive(Clone)]
 pub struct Pool(Arc<Shared>);
 

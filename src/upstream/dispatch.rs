@@ -1,0 +1,143 @@
+//! The stack's innermost service: each request goes to the upstream admission chose for it,
+//! named by the request's [`Target`], through that upstream's client.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+
+use super::ForwardBody;
+use super::state::Upstream;
+use crate::edge::rejection::{Body, Rejection};
+
+/// The upstream a request goes to: put in the request's extensions by admission, taken out
+/// by [`Dispatch`]. It holds the upstream until the upstream's answer has come (the response
+/// body keeps its own connection).
+#[derive(Debug, Clone)]
+pub struct Target(pub Arc<Upstream>);
+
+/// Sends each request to its [`Target`]'s upstream. A request without one is answered 502
+/// (a proxy that chose no upstream for it; never expected) and logged.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dispatch;
+
+// === impl Dispatch ===
+
+impl tower::Service<Request<ForwardBody>> for Dispatch {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<ForwardBody>) -> Self::Future {
+        match req.extensions_mut().remove::<Target>() {
+            Some(Target(upstream)) => {
+                Box::pin(async move { Ok(upstream.proxy.forward(req).await) })
+            }
+            None => {
+                tracing::error!(
+                    method = %req.method(),
+                    target = %req.uri(),
+                    "a request reached the upstream client with no upstream chosen: 502"
+                );
+                let rejection =
+                    Rejection::BadGateway("no upstream was chosen for the request".to_owned());
+                Box::pin(std::future::ready(Ok(super::failed(rejection))))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::pressure::{ControllerConfig, PressureGauge};
+
+    /// An upstream on 127.0.0.1 that answers every request 200 with `X-Upstream: name`.
+    async fn named_upstream(name: &'static str) -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nX-Upstream: {name}\r\nContent-Length: 0\r\n\r\n"
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        let proxy = super::super::Proxy::new(
+            &format!("http://{addr}").parse().unwrap(),
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+            1 << 20,
+            super::super::HostHeader::Client,
+            &[],
+            super::super::HeaderCase::Preserve,
+        );
+        let gauge = Arc::new(PressureGauge::new(ControllerConfig {
+            max_inflight: None,
+            latency_target: Duration::from_millis(50),
+            tuning: &crate::pressure::Tuning::DEFAULT,
+        }));
+        Upstream::new(name, proxy, gauge, None)
+    }
+
+    fn request() -> Request<ForwardBody> {
+        let body = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let mut req = Request::new(body);
+        *req.uri_mut() = http::Uri::from_static("/events");
+        req
+    }
+
+    #[tokio::test]
+    async fn each_request_goes_to_its_targets_upstream() {
+        let (a, b) = (
+            Arc::new(named_upstream("a").await),
+            Arc::new(named_upstream("b").await),
+        );
+        for (upstream, name) in [(&b, "b"), (&a, "a"), (&b, "b")] {
+            let mut req = request();
+            req.extensions_mut().insert(Target(Arc::clone(upstream)));
+            let Ok(response) = Dispatch.oneshot(req).await;
+            assert_eq!(response.status(), http::StatusCode::OK);
+            assert_eq!(response.headers()["x-upstream"], name);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_without_a_target_is_answered_502() {
+        let Ok(response) = Dispatch.oneshot(request()).await;
+        assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
+        assert!(matches!(
+            response.extensions().get::<super::super::UpstreamOutcome>(),
+            Some(super::super::UpstreamOutcome::Failed(_))
+        ));
+    }
+}

@@ -1,0 +1,138 @@
+//! Everything one upstream owns: its client, its pressure, its class and freshness budgets,
+//! its clock, and how its load reports are read. Nothing here is shared between upstreams
+//! (one control loop per resource it protects); what one process shares (the policy, the
+//! buffered-bytes budget, the device table, the descriptors) lives elsewhere.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::Proxy;
+use super::classes::ClassLoad;
+use super::freshness::FreshnessBudget;
+use super::load_report::LoadReportField;
+use crate::admission::Load;
+use crate::clock::Sources;
+use crate::clock::skew::{Change, ClockSkew};
+use crate::metrics::Metrics;
+use crate::pressure::PressureGauge;
+
+/// One upstream and the state it owns: the requests bound to it are decided against its
+/// pressure and its budgets, sent through its client, and judged by its clock.
+#[derive(Debug)]
+pub struct Upstream {
+    /// Its name (`default` for `--upstream`).
+    pub name: Arc<str>,
+    /// The pooled client that sends requests to it (pool, authority, path prefix, timeout).
+    pub proxy: Proxy,
+    /// Its pressure: the controller fed by its latencies, in-flight count and load reports.
+    pub pressure: Arc<PressureGauge>,
+    /// Its requests in flight per class, for class budgets.
+    pub classes: Arc<ClassLoad>,
+    /// Its floor admissions in flight, for the freshness floor's budget.
+    pub freshness: Arc<FreshnessBudget>,
+    /// The local clock's offset from its clock, from its responses' `Date` headers.
+    pub skew: ClockSkew,
+    /// The ORCA metric read from its answers as its utilisation (`--load-report`), if any.
+    pub load_report: Option<LoadReportField>,
+    /// Whether an unreadable load report was logged at warn yet (later ones log at debug;
+    /// the counter counts them all).
+    load_report_warned: AtomicBool,
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    /// An upstream named `name`, reached through `proxy`, steered by `pressure`, reading
+    /// `load_report` from its answers; its budgets empty and its clock not yet sampled.
+    pub fn new(
+        name: &str,
+        proxy: Proxy,
+        pressure: Arc<PressureGauge>,
+        load_report: Option<LoadReportField>,
+    ) -> Self {
+        Upstream {
+            name: name.into(),
+            proxy,
+            pressure,
+            classes: Arc::new(ClassLoad::default()),
+            freshness: Arc::new(FreshnessBudget::default()),
+            skew: ClockSkew::default(),
+            load_report,
+            load_report_warned: AtomicBool::new(false),
+        }
+    }
+
+    /// The load its budgets see now: its requests in flight per class, in all, and its
+    /// capacity (no freshness floor: the decision of a device's fix sets its own).
+    pub fn load(&self) -> Load {
+        self.classes
+            .load(self.pressure.inflight(), self.pressure.capacity())
+    }
+
+    /// Takes a sample of its clock from a response's `Date`, and reports a change of the
+    /// correction: the gauges, and one log line when it engages, is released, or is
+    /// disbelieved. A response without `Date`, or within a second of the last sample, costs
+    /// a header lookup or a clock read (of `sources`) and one atomic load.
+    pub fn sample_clock(
+        &self,
+        sources: &Sources,
+        metrics: &Metrics,
+        date: Option<&http::HeaderValue>,
+    ) {
+        let Some(change) = date.and_then(|d| self.skew.sample(sources.now(), d)) else {
+            return;
+        };
+        if let Some(ms) = self.skew.estimate() {
+            metrics.clock_offset.set(crate::clock::millis_to_secs(ms));
+        }
+        metrics
+            .clock_corrected
+            .set(if self.skew.corrected() { 1.0 } else { 0.0 });
+        match change {
+            Change::None => {}
+            Change::Engaged(ms) => tracing::warn!(
+                offset_ms = ms,
+                "the local clock is off from the upstream's Date by more than 5 s: event \
+                 ages are judged against the upstream's clock until it agrees again"
+            ),
+            Change::Released => {
+                tracing::info!("the local clock agrees with the upstream's again");
+            }
+            Change::Disbelieved(ms) => tracing::warn!(
+                offset_ms = ms,
+                "the upstream's Date is more than 24 h off the local clock: neither is \
+                 believed, event ages are judged against the local clock"
+            ),
+        }
+    }
+
+    /// Feeds its load report in an answer's `headers` to its controller and counts it, when
+    /// one is read (`--load-report`); a report that is there but unreadable is counted,
+    /// logged (at warn the first time, then at debug), and not read: the controller steers
+    /// on its own readings while none is fresh.
+    pub fn read_load_report(&self, metrics: &Metrics, headers: &http::HeaderMap) {
+        let Some(field) = &self.load_report else {
+            return;
+        };
+        match super::load_report::read(headers, field) {
+            Ok(None) => {}
+            Ok(Some(utilisation)) => {
+                self.pressure.record_load_report(utilisation);
+                metrics.load_report(true);
+            }
+            Err(error) => {
+                metrics.load_report(false);
+                if self.load_report_warned.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%error, "upstream load report not read");
+                } else {
+                    tracing::warn!(
+                        %error,
+                        "upstream load report not read (counted in \
+                         shedgate_upstream_load_reports_total{{outcome=\"invalid\"}}; \
+                         later ones log at debug)"
+                    );
+                }
+            }
+        }
+    }
+}
