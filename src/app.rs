@@ -339,7 +339,7 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         }
         let now = tokio::time::Instant::now();
         let m = &parts.metrics;
-        for ((_, up), shedding) in parts.upstreams.iter().zip(&mut shedding) {
+        for (up, shedding) in parts.upstreams.iter().zip(&mut shedding) {
             tick_upstream(
                 &parts,
                 up,

@@ -16,7 +16,7 @@ pub const DEFAULT_NAME: &str = "default";
 /// An upstream's place in its [`Upstreams`] table: an index, so the request path reaches an
 /// upstream without hashing a name. [`UpstreamId::DEFAULT`] is always `default`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct UpstreamId(pub u16);
+pub struct UpstreamId(u16);
 
 // === impl UpstreamId ===
 
@@ -57,12 +57,9 @@ impl Upstreams {
         self.table.get(id.index())
     }
 
-    /// Every upstream with its id, in id order (the default first).
-    pub fn iter(&self) -> impl Iterator<Item = (UpstreamId, &Arc<Upstream>)> {
-        self.table
-            .iter()
-            .zip(0..)
-            .map(|(up, id)| (UpstreamId(id), up))
+    /// Every upstream, in id order (the default first).
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.table.iter()
     }
 }
 
