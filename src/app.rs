@@ -26,7 +26,7 @@ use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings, BufferBudget};
 use crate::signals::Signals;
-use crate::upstream::{DEFAULT_NAME, Dispatch, Proxy, Upstream, Upstreams};
+use crate::upstream::{Dispatch, Proxy, Upstream, Upstreams};
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
 /// rest.
@@ -38,6 +38,15 @@ pub enum StartError {
     /// The access log cannot be opened.
     #[error(transparent)]
     AccessLog(#[from] crate::record::writer::OpenError),
+    /// An upstream of the policy cannot be served as its settings merge with the command
+    /// line's.
+    #[error("upstream {name:?}: {message}")]
+    Upstream {
+        /// The upstream's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -101,25 +110,66 @@ pub fn build_stack(
         .service(Dispatch)
 }
 
-/// The default upstream (`--upstream` and the flags about it), cold: its pressure starts
-/// from nothing learned, its sockets counted against `descriptors`.
-fn default_upstream(config: &Config, descriptors: &Arc<Descriptors>) -> Upstream {
-    let proxy = Proxy::new(
-        &config.upstream,
-        config.upstream_timeout,
-        config.connect_timeout,
-        config.max_body,
-        config.host_header,
-        &config.trusted_proxies,
-        config.upstream_header_case,
-    )
-    .with_descriptors(Arc::clone(descriptors));
-    Upstream::new(
-        DEFAULT_NAME,
-        proxy,
-        Arc::new(PressureGauge::new(config.controller)),
-        config.load_report.clone(),
-    )
+/// One upstream per upstream of `policy` (its [`crate::policy::UpstreamId`] order, `default`
+/// first), each cold: its pressure starts from nothing learned, its sockets counted against
+/// `descriptors`. What a `[upstreams.NAME]` table leaves out is the command line's
+/// (`--upstream`'s URL for `default`, and `--upstream-timeout`, `--connect-timeout`,
+/// `--latency-target`, `--max-inflight`, `--load-report` for every one).
+///
+/// # Errors
+/// An upstream whose URL is the proxy's own `--listen` address (requests would loop), or
+/// whose latency target is not below its timeout once the command line's values are merged.
+fn build_upstreams(
+    config: &Config,
+    policy: &crate::policy::Policy,
+    descriptors: &Arc<Descriptors>,
+) -> Result<Upstreams, StartError> {
+    let mut table = Vec::with_capacity(policy.upstreams().len());
+    for spec in policy.upstreams() {
+        let invalid = |message: String| StartError::Upstream {
+            name: spec.name.clone(),
+            message,
+        };
+        let url = spec.url.as_ref().unwrap_or(&config.upstream);
+        if let Some(addr) = crate::config::loops_to(url, config.listen) {
+            return Err(invalid(format!(
+                "{addr} is the proxy's own --listen address: requests would loop"
+            )));
+        }
+        let timeout = spec.timeout.unwrap_or(config.upstream_timeout);
+        let controller = crate::pressure::ControllerConfig {
+            max_inflight: spec.max_inflight.or(config.controller.max_inflight),
+            latency_target: spec
+                .latency_target
+                .unwrap_or(config.controller.latency_target),
+            tuning: config.controller.tuning,
+        };
+        if controller.latency_target >= timeout {
+            return Err(invalid(format!(
+                "latency target {:?} is not below its timeout {timeout:?}",
+                controller.latency_target
+            )));
+        }
+        let proxy = Proxy::new(
+            url,
+            timeout,
+            spec.connect_timeout.unwrap_or(config.connect_timeout),
+            config.max_body,
+            config.host_header,
+            &config.trusted_proxies,
+            config.upstream_header_case,
+        )
+        .with_descriptors(Arc::clone(descriptors));
+        table.push(Upstream::new(
+            &spec.name,
+            proxy,
+            Arc::new(PressureGauge::new(controller)),
+            spec.load_report
+                .clone()
+                .or_else(|| config.load_report.clone()),
+        ));
+    }
+    Ok(Upstreams::new(table))
 }
 
 /// A running proxy.
@@ -193,7 +243,7 @@ pub async fn start_with(
     let (store, warnings) =
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
     let descriptors = Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics))));
-    let upstreams = Upstreams::of_default(default_upstream(&config, &descriptors));
+    let upstreams = build_upstreams(&config, &store.load().policy, &descriptors)?;
     let parts = Parts {
         metrics: Arc::clone(&metrics),
         store: Arc::new(store),

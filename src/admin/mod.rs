@@ -24,14 +24,15 @@ use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::{Area, Class, Mode, Supersession};
 use crate::pressure::Pressure;
-use crate::upstream::Upstreams;
+use crate::upstream::{Upstream, Upstreams};
 
 /// What the admin handlers read and change.
 #[derive(Debug, Clone)]
 pub struct AdminState {
     /// The live policy.
     pub store: Arc<PolicyStore>,
-    /// The upstreams: `/pressure` and `/stats` are the default one's.
+    /// The upstreams: `/pressure` is the one `?upstream=` names (`default` without), `/stats`
+    /// the default one's and a line for each.
     pub upstreams: Upstreams,
     /// The metrics.
     pub metrics: Arc<Metrics>,
@@ -265,6 +266,13 @@ async fn stats(State(s): State<AdminState>) -> Response {
         "disabled": disabled,
         "warn_note": "warn-mode would-sheds are counted at the observed pressure, which is higher than enforcing would leave it",
         "policy_version": policy.version(),
+        "upstreams": s.upstreams.iter().map(|up| serde_json::json!({
+            "name": &*up.name,
+            "pressure": up.pressure.pressure().get(),
+            "pinned": up.pressure.is_pinned(),
+            "inflight": up.pressure.inflight(),
+            "capacity": up.pressure.capacity(),
+        })).collect::<Vec<_>>(),
     }))
     .into_response()
 }
@@ -334,8 +342,43 @@ fn until_text(d: crate::policy::Disable) -> Option<String> {
     }
 }
 
-async fn get_pressure(State(s): State<AdminState>) -> Response {
-    Json(s.upstreams.default_upstream().pressure.view()).into_response()
+/// The upstream `?upstream=NAME` names (none: `default`), or the 404 problem naming the
+/// upstreams there are.
+fn named_upstream(s: &AdminState, uri: &axum::http::Uri) -> Result<Arc<Upstream>, String> {
+    let name = form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "upstream")
+        .map(|(_, v)| v.into_owned());
+    let Some(name) = name else {
+        return Ok(Arc::clone(s.upstreams.default_upstream()));
+    };
+    s.upstreams.named(&name).cloned().ok_or_else(|| {
+        let names: Vec<&str> = s.upstreams.iter().map(|up| &*up.name).collect();
+        format!(
+            "no upstream {name:?}; this proxy's are {}",
+            names.join(", ")
+        )
+    })
+}
+
+/// `up`'s pressure view, with its name under `upstream`.
+fn pressure_view(up: &Upstream) -> Response {
+    let mut view = serde_json::to_value(up.pressure.view()).unwrap_or_default();
+    if let Some(fields) = view.as_object_mut() {
+        fields.insert("upstream".into(), serde_json::Value::from(&*up.name));
+    }
+    Json(view).into_response()
+}
+
+fn no_such_upstream(detail: &str) -> Response {
+    problem(StatusCode::NOT_FOUND, "No such upstream", detail)
+}
+
+/// `GET /pressure[?upstream=NAME]`: that upstream's pressure (`default` without a name).
+async fn get_pressure(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
+    match named_upstream(&s, &uri) {
+        Ok(up) => pressure_view(&up),
+        Err(detail) => no_such_upstream(&detail),
+    }
 }
 
 /// `PUT /pressure` body.
@@ -345,20 +388,36 @@ struct Pin {
     pin: f64,
 }
 
-async fn pin_pressure(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
+/// `PUT /pressure[?upstream=NAME]`: pins that upstream's pressure (`default` without a name);
+/// the others keep theirs.
+async fn pin_pressure(
+    State(s): State<AdminState>,
+    uri: axum::http::Uri,
+    body: axum::body::Bytes,
+) -> Response {
+    let up = match named_upstream(&s, &uri) {
+        Ok(up) => up,
+        Err(detail) => return no_such_upstream(&detail),
+    };
     let pin = serde_json::from_slice::<Pin>(&body)
         .map_err(|e| format!("expected {{\"pin\": <0.0..=1.0>}}: {e}"))
         .and_then(|p| {
             Pressure::new(p.pin).ok_or_else(|| format!("pin must be in [0, 1], got {}", p.pin))
         });
-    let gauge = &s.upstreams.default_upstream().pressure;
+    let gauge = &up.pressure;
     match pin {
         Ok(p) => {
             gauge.pin(Some(p));
-            s.metrics.pressure.set(p.get());
-            s.metrics.pressure_pinned.set(1.0);
-            tracing::warn!(pressure = p.get(), "pressure pinned by operator");
-            Json(gauge.view()).into_response()
+            if Arc::ptr_eq(&up, s.upstreams.default_upstream()) {
+                s.metrics.pressure.set(p.get());
+                s.metrics.pressure_pinned.set(1.0);
+            }
+            tracing::warn!(
+                upstream = &*up.name,
+                pressure = p.get(),
+                "pressure pinned by operator"
+            );
+            pressure_view(&up)
         }
         Err(detail) => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -368,12 +427,19 @@ async fn pin_pressure(State(s): State<AdminState>, body: axum::body::Bytes) -> R
     }
 }
 
-async fn unpin_pressure(State(s): State<AdminState>) -> Response {
-    let gauge = &s.upstreams.default_upstream().pressure;
-    gauge.pin(None);
-    s.metrics.pressure_pinned.set(0.0);
-    tracing::info!("pressure unpinned");
-    Json(gauge.view()).into_response()
+/// `DELETE /pressure[?upstream=NAME]`: unpins that upstream's pressure (`default` without a
+/// name).
+async fn unpin_pressure(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
+    let up = match named_upstream(&s, &uri) {
+        Ok(up) => up,
+        Err(detail) => return no_such_upstream(&detail),
+    };
+    up.pressure.pin(None);
+    if Arc::ptr_eq(&up, s.upstreams.default_upstream()) {
+        s.metrics.pressure_pinned.set(0.0);
+    }
+    tracing::info!(upstream = &*up.name, "pressure unpinned");
+    pressure_view(&up)
 }
 
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response {

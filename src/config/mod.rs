@@ -304,11 +304,7 @@ impl Config {
         })?;
         let upstream =
             crate::policy::parse_url(&upstream_text).map_err(|e| invalid("upstream", e))?;
-        let authority = upstream.authority().map_or("", |a| a.as_str());
-        if let Ok(addr) = authority.parse::<SocketAddr>()
-            && listen.port() != 0
-            && (addr == listen || (addr.port() == listen.port() && listen.ip().is_unspecified()))
-        {
+        if let Some(addr) = loops_to(&upstream, listen) {
             return Err(invalid(
                 "upstream",
                 format!("{addr} is the proxy's own --listen address: requests would loop"),
@@ -452,6 +448,17 @@ fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
         path: path.to_owned(),
         message: e.to_string(),
     })
+}
+
+/// The proxy's own address `url` names, when it names `listen` (or its port on an
+/// unspecified `listen` address): an upstream there would send requests round in a loop.
+/// `None` for a name (not resolved here) or an ephemeral `listen` (port 0).
+pub fn loops_to(url: &http::Uri, listen: SocketAddr) -> Option<SocketAddr> {
+    let authority = url.authority().map_or("", |a| a.as_str());
+    let addr = authority.parse::<SocketAddr>().ok()?;
+    (listen.port() != 0
+        && (addr == listen || (addr.port() == listen.port() && listen.ip().is_unspecified())))
+    .then_some(addr)
 }
 
 #[cfg(test)]

@@ -12,21 +12,33 @@ use crate::clock::Sources;
 use crate::metrics::{Metrics, PolicyMetrics};
 use crate::policy::{Compiled, Policy, PolicyError, PolicyFiles, Warning, compile};
 
-/// Why a policy that names upstreams is not served: `check` and `explain` accept
-/// `[upstreams.NAME]` and `upstream = "NAME"`, the proxy does not route by them yet.
-pub const SEVERAL_UPSTREAMS_REFUSED: &str = "routing to several upstreams is not available in \
-     this version; remove [upstreams] and every `upstream =` key to serve this policy (every \
-     request goes to --upstream)";
+/// Why a reload that changes the policy's upstreams is refused: each upstream's state (its
+/// pressure, pool and budgets) is built at start for the upstreams the policy names then.
+pub const UPSTREAMS_CHANGE_REFUSED: &str = "the upstreams ([upstreams.NAME] tables) differ \
+     from the ones this process serves, and changing them takes a restart in this version; \
+     the live policy is kept (moving a route or stream between the upstreams it has needs \
+     no restart)";
 
-/// Compiles `files` for serving: as `shedgate check` does, and then refuses what this version
-/// checks but does not serve, at start and at reload alike: a policy that names an upstream
-/// ([`SEVERAL_UPSTREAMS_REFUSED`], at the first place it does).
-fn compile_served(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
+/// Compiles `files` for serving: as `shedgate check` does, and then, for a reload (`live`:
+/// the policy served now), refuses a policy whose upstreams differ from the live one's
+/// ([`UPSTREAMS_CHANGE_REFUSED`], at the first place the files name one).
+fn compile_served(files: &PolicyFiles, live: Option<&Policy>) -> Result<Compiled, PolicyError> {
     let compiled = compile(files)?;
-    if let Some(at) = compiled.policy.upstreams_named_at() {
+    if let Some(live) = live
+        && live.upstreams() != compiled.policy.upstreams()
+    {
+        let location = compiled
+            .policy
+            .upstreams_named_at()
+            .cloned()
+            .unwrap_or_else(|| crate::policy::Location {
+                file: files.dir().join("streams.toml"),
+                line_col: None,
+                field: Some("upstreams".into()),
+            });
         return Err(PolicyError {
-            location: at.clone(),
-            message: SEVERAL_UPSTREAMS_REFUSED.into(),
+            location,
+            message: UPSTREAMS_CHANGE_REFUSED.into(),
         });
     }
     Ok(compiled)
@@ -106,14 +118,13 @@ impl PolicyStore {
     /// Loads the policy in `dir`.
     ///
     /// # Errors
-    /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy, nor
-    /// on one that names upstreams ([`SEVERAL_UPSTREAMS_REFUSED`]).
+    /// The [`PolicyError`] of the first load: a proxy does not start on a broken policy.
     pub fn open(
         dir: &Path,
         metrics: Arc<Metrics>,
         sources: Sources,
     ) -> Result<(Self, Vec<Warning>), PolicyError> {
-        let compiled = compile_served(&PolicyFiles::read(dir)?)?;
+        let compiled = compile_served(&PolicyFiles::read(dir)?, None)?;
         let snapshot = Snapshot::new(&metrics, compiled.policy);
         let now = sources.now();
         metrics.policy_loaded(&snapshot.policy, now);
@@ -188,7 +199,7 @@ impl PolicyStore {
                 };
             }
         }
-        match compile_served(&files) {
+        match compile_served(&files, Some(&self.live.load().policy)) {
             Ok(compiled) => {
                 for w in &compiled.warnings {
                     tracing::warn!("{w}");

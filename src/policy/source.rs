@@ -22,6 +22,11 @@ pub struct PolicyFiles {
 }
 
 impl PolicyFiles {
+    /// The directory the files were read from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Reads `dir`: `streams.toml` (required), `areas.toml` (optional), and the region files
     /// `areas.toml` names.
     ///

@@ -66,7 +66,12 @@ where
         Err(_) => return reject(&shared, &snapshot, stream, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
             // Shed before its decision, but offered all the same: its one arrival.
-            let up = &shared.upstreams[upstream_of(read_as.route.map(|(i, _)| i), stream)];
+            let up = &shared.upstreams[upstream_of(
+                &shared.upstreams,
+                &snapshot.policy,
+                read_as.route.map(|(i, _)| i),
+                stream,
+            )];
             up.pressure.arrive();
             return shed_outside_decide(&shared, up, &snapshot, stream, ShedReason::Memory);
         }
@@ -152,7 +157,7 @@ where
         }
     }
     // The upstream the request goes to: its clock, pressure and budgets decide it.
-    let upstream = upstream_of(route, stream);
+    let upstream = upstream_of(&shared.upstreams, &snapshot.policy, route, stream);
     let up = &shared.upstreams[upstream];
     // Ages are judged against the upstream's clock when the local one is off by more than
     // the bound (docs/decision.md "Decision rule", step 4).

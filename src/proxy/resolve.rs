@@ -7,7 +7,7 @@ use crate::admission::Reading;
 use crate::extract::headers::{Stated, read_one};
 use crate::policy::path::route_path;
 use crate::policy::{Policy, StreamId, StreamSource};
-use crate::upstream::UpstreamId;
+use crate::upstream::{UpstreamId, Upstreams};
 
 /// Longest stream value read from a header, bytes: a longer value is unclassified without
 /// being hashed or mapped (policy stream names are at most 64 characters; a `stream_map`
@@ -65,7 +65,20 @@ pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &Head
 }
 
 /// The upstream a request of `stream` (when known) read by `route` (when one matched) goes
-/// to: the default one (`--upstream`), the one upstream a proxy has.
-pub(super) fn upstream_of(_route: Option<usize>, _stream: Option<StreamId>) -> UpstreamId {
-    UpstreamId::DEFAULT
+/// to: the route's, else the stream's, else `default` ([`Policy::upstream_of`]). The table
+/// was built for the policy's upstreams and a reload that changes them is refused, so the id
+/// is the table's; were it not, `default` (an index check, never a panic).
+pub(super) fn upstream_of(
+    upstreams: &Upstreams,
+    policy: &Policy,
+    route: Option<usize>,
+    stream: Option<StreamId>,
+) -> UpstreamId {
+    let id = policy.upstream_of(route, stream);
+    if upstreams.get(id).is_some() {
+        id
+    } else {
+        debug_assert!(false, "upstream {id:?} is not in the table");
+        UpstreamId::DEFAULT
+    }
 }

@@ -141,7 +141,7 @@ impl<S> Admission<S> {
             // through, still bounded in size and time. Its arrival is observed all the same
             // (the offered rate counts every request the upstream is offered).
             let route = reading.route.map(|(i, _)| i);
-            let upstream = upstream_of(route, stream);
+            let upstream = upstream_of(&shared.upstreams, &snapshot.policy, route, stream);
             let up = &shared.upstreams[upstream];
             up.pressure.arrive();
             shared.preview_unread(

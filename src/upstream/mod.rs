@@ -20,7 +20,7 @@ pub use classes::{ClassGuard, ClassLoad};
 pub use dispatch::{Dispatch, Target};
 pub use freshness::{FloorGuard, FreshnessBudget};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
-pub use set::{DEFAULT_NAME, UpstreamId, Upstreams};
+pub use set::{DEFAULT_UPSTREAM, UpstreamId, Upstreams};
 pub use state::Upstream;
 
 use std::convert::Infallible;

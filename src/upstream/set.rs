@@ -1,6 +1,6 @@
 //! The upstreams of one proxy, by [`UpstreamId`]: the table the request path, the pressure
-//! tick and the admin listener reach each upstream's state by. Today it holds one upstream,
-//! `default` (`--upstream`).
+//! tick and the admin listener reach each upstream's state by, one per upstream of the policy
+//! it was built for (`default`, `--upstream`, first), at the policy's own ids.
 //!
 //! A table is built whole and never changed in place: the `Arc<Upstream>`s in it are what a
 //! request holds while it is in flight, so a table built anew can replace it without taking
@@ -10,25 +10,7 @@ use std::sync::Arc;
 
 use super::state::Upstream;
 
-/// The name of the upstream `--upstream` names.
-pub const DEFAULT_NAME: &str = "default";
-
-/// An upstream's place in its [`Upstreams`] table: an index, so the request path reaches an
-/// upstream without hashing a name. [`UpstreamId::DEFAULT`] is always `default`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct UpstreamId(u16);
-
-// === impl UpstreamId ===
-
-impl UpstreamId {
-    /// The default upstream (`--upstream`), first in every table.
-    pub const DEFAULT: UpstreamId = UpstreamId(0);
-
-    /// The index in the table.
-    pub fn index(self) -> usize {
-        usize::from(self.0)
-    }
-}
+pub use crate::policy::{DEFAULT_UPSTREAM, UpstreamId};
 
 /// The upstreams of a proxy, by [`UpstreamId`]. Cheap to clone (one reference count); the
 /// clones share the table.
@@ -40,11 +22,28 @@ pub struct Upstreams {
 // === impl Upstreams ===
 
 impl Upstreams {
-    /// A table of one upstream, the default one (named [`DEFAULT_NAME`]).
+    /// A table of one upstream, the default one (named [`DEFAULT_UPSTREAM`]).
     pub fn of_default(default: Upstream) -> Self {
+        Upstreams::new(vec![default])
+    }
+
+    /// A table of `upstreams`, the one at index `i` the policy's [`UpstreamId`] `i` (the
+    /// default first; [`crate::policy::Policy::upstreams`] lists them in that order).
+    ///
+    /// # Panics
+    /// With no upstream at all (every table has the default).
+    pub fn new(upstreams: Vec<Upstream>) -> Self {
+        assert!(!upstreams.is_empty(), "an upstream table holds the default");
         Upstreams {
-            table: Arc::new([Arc::new(default)]),
+            table: upstreams.into_iter().map(Arc::new).collect(),
         }
+    }
+
+    /// The upstream named `name`, if the table has one: a scan of at most
+    /// [`crate::policy::MAX_UPSTREAMS`] names, for the admin listener (the request path
+    /// indexes by id).
+    pub fn named(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.table.iter().find(|up| &*up.name == name)
     }
 
     /// The default upstream (`--upstream`).

@@ -1,20 +1,15 @@
 //! Named upstreams (`[upstreams.NAME]`, `upstream = "NAME"`): `shedgate check` accepts them
-//! and warns about one nothing names; serving them is refused, at start and at reload, until
-//! the proxy routes by them.
+//! and warns about one nothing names; each request goes to its route's or stream's upstream
+//! and is decided against that upstream's pressure; a reload moves routes and streams between
+//! upstreams and refuses to change the upstreams themselves.
 
-use std::ffi::OsStr;
 use std::path::Path;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
-use crate::processes::Spawned;
 use crate::support::*;
-
-/// What serving a policy with upstreams is told.
-const REFUSED: &str = "routing to several upstreams is not available in this version";
 
 /// Two upstreams: `tracking`, which a stream names, and `events`, which nothing names.
 fn two_upstreams() -> String {
@@ -73,59 +68,221 @@ fn check_accepts_upstreams_and_warns_about_one_nothing_names() {
     );
 }
 
-/// `shedgate serve` exits 2 on a policy that names upstreams, saying why and where.
-#[tokio::test]
-async fn serving_upstreams_is_refused_at_start() {
-    let upstream = MockUpstream::start().await;
-    let dir = example();
-    let url = upstream.url();
-    let mut p = Spawned::start(&[
-        OsStr::new("serve"),
-        OsStr::new("--upstream"),
-        OsStr::new(&url),
-        OsStr::new("--listen"),
-        OsStr::new("127.0.0.1:0"),
-        OsStr::new("--admin-listen"),
-        OsStr::new("127.0.0.1:0"),
-        OsStr::new("--policies"),
-        dir.as_os_str(),
-    ]);
-    let status = p.wait_exit(Duration::from_secs(20));
-    assert_eq!(status.code(), Some(2), "{:#?}", p.log);
-    let line = p.log.iter().find(|l| l.contains(REFUSED));
-    let line = line.unwrap_or_else(|| panic!("{:#?}", p.log));
-    // The example's first upstream in name order, at its table's header.
-    assert!(
-        line.contains("streams.toml:12:1: field `upstreams.\"alerting\"`"),
-        "{line}"
-    );
-    assert_eq!(upstream.count(), 0);
+/// Three upstreams behind one proxy: `default` (`--upstream`), `tracking` (named by the
+/// `vehicle.position` stream) and `events` (named by the `/events` route, whose stream is
+/// `vehicle.position` too: the route's wins).
+struct Three {
+    default: MockUpstream,
+    tracking: MockUpstream,
+    events: MockUpstream,
+    policy: PolicyDir,
+    proxy: shedgate::app::Running,
 }
 
-/// A reload to a policy that names upstreams fails as any bad edit does: the last good
-/// policy stays live and keeps deciding, and the error says why.
-#[tokio::test]
-async fn a_reload_to_upstreams_keeps_the_live_policy() {
-    let (upstream, policy, proxy) = seeded().await;
-    let live = admin_get(&proxy, "/policy").await.json()["version"].clone();
-    let tmp = policy.path().join(".streams.tmp");
-    std::fs::write(&tmp, two_upstreams()).unwrap();
-    std::fs::rename(&tmp, policy.path().join("streams.toml")).unwrap();
-    let req = Request::post(format!("http://{}/reload", proxy.admin_addr))
-        .body(Full::new(Bytes::new()))
+fn three_streams(tracking: &str, events: &str, stream_upstream: &str) -> String {
+    format!(
+        "{}\n[upstreams.tracking]\nurl = \"{tracking}\"\n\n[upstreams.events]\nurl = \"{events}\"\n\n\
+         [[routes]]\nprefix = \"/events\"\nstream = \"vehicle.position\"\nupstream = \"events\"\n",
+        SEED_STREAMS.replace(
+            "[streams.\"vehicle.position\"]\n",
+            &format!("[streams.\"vehicle.position\"]\nupstream = \"{stream_upstream}\"\n"),
+        )
+    )
+}
+
+async fn three() -> Three {
+    let (default, tracking, events) = (
+        MockUpstream::start().await,
+        MockUpstream::start().await,
+        MockUpstream::start().await,
+    );
+    let policy = PolicyDir::new(
+        &three_streams(&tracking.url(), &events.url(), "tracking"),
+        Some(BERLIN_AREA),
+    );
+    let proxy = spawn_proxy(&default.url(), policy.path()).await;
+    Three {
+        default,
+        tracking,
+        events,
+        policy,
+        proxy,
+    }
+}
+
+impl Three {
+    async fn post_to(&self, path: &str, stream: &str) -> Answer {
+        let req = Request::post(format!("http://{}{path}", self.proxy.proxy_addr))
+            .header("x-stream", stream)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(event(MUNICH, 0))))
+            .unwrap();
+        send(req).await
+    }
+
+    fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.default.count(),
+            self.tracking.count(),
+            self.events.count(),
+        )
+    }
+
+    async fn pin(&self, upstream: &str, pressure: f64) -> Answer {
+        let req = Request::put(format!(
+            "http://{}/pressure?upstream={upstream}",
+            self.proxy.admin_addr
+        ))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(format!("{{\"pin\":{pressure}}}"))))
         .unwrap();
-    let a = send(req).await;
+        send(req).await
+    }
+
+    async fn reload(&self, streams: &str) -> Answer {
+        let tmp = self.policy.path().join(".streams.tmp");
+        std::fs::write(&tmp, streams).unwrap();
+        std::fs::rename(&tmp, self.policy.path().join("streams.toml")).unwrap();
+        let req = Request::post(format!("http://{}/reload", self.proxy.admin_addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send(req).await
+    }
+}
+
+/// A request goes to its route's upstream, else its stream's, else `default`; never-shed and
+/// sheddable streams alike.
+#[tokio::test]
+async fn each_request_goes_to_its_routes_or_streams_upstream() {
+    let t = three().await;
+    assert_eq!(
+        t.post_to("/ingest", "vehicle.position").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.counts(), (0, 1, 0));
+    assert_eq!(
+        t.post_to("/ingest", "geofence.transition").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        t.post_to("/ingest", "sensor.reading").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        t.post_to("/ingest", "not.in.the.policy").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.counts(), (3, 1, 0));
+    // The route names `events`: over its stream's `tracking`.
+    assert_eq!(
+        t.post_to("/events", "vehicle.position").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.counts(), (3, 1, 1));
+}
+
+/// Each upstream has its own pressure: `tracking` pinned at 1.0 sheds every sheddable request
+/// bound there, and none bound to `default`, whose pressure is its own; an unknown name is a
+/// 404 naming the upstreams there are.
+#[tokio::test]
+async fn a_pinned_upstream_sheds_only_what_goes_to_it() {
+    let t = three().await;
+    assert_eq!(t.pin("tracking", 1.0).await.status, StatusCode::OK);
+    for _ in 0..20 {
+        assert_eq!(
+            t.post_to("/ingest", "vehicle.position").await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            t.post_to("/ingest", "sensor.reading").await.status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            t.post_to("/events", "vehicle.position").await.status,
+            StatusCode::OK
+        );
+        // Never shed, on the pinned upstream too.
+        let req = Request::post(format!("http://{}/ingest", t.proxy.proxy_addr))
+            .header("x-stream", "geofence.transition")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(event(MUNICH, 0))))
+            .unwrap();
+        assert_eq!(send(req).await.status, StatusCode::OK);
+    }
+    assert_eq!(t.counts(), (40, 0, 20));
+    let p = admin_get(&t.proxy, "/pressure?upstream=tracking")
+        .await
+        .json();
+    assert_eq!(
+        (
+            p["upstream"].as_str(),
+            p["value"].as_f64(),
+            p["pinned"].as_bool()
+        ),
+        (Some("tracking"), Some(1.0), Some(true))
+    );
+    let p = admin_get(&t.proxy, "/pressure").await.json();
+    assert_eq!(p["pinned"].as_bool(), Some(false), "{p}");
+    let stats = admin_get(&t.proxy, "/stats").await.json();
+    let names: Vec<&str> = stats["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["default", "events", "tracking"]);
+    let a = t.pin("trackng", 1.0).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    let body = String::from_utf8_lossy(&a.body).into_owned();
+    assert!(body.contains("default, events, tracking"), "{body}");
+}
+
+/// A reload that moves a stream to another upstream sends its next request there; one that
+/// changes the upstreams themselves is refused and the live policy keeps routing.
+#[tokio::test]
+async fn a_reload_moves_a_stream_between_upstreams_and_refuses_new_ones() {
+    let t = three().await;
+    assert_eq!(
+        t.post_to("/ingest", "vehicle.position").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.counts(), (0, 1, 0));
+    let moved = three_streams(&t.tracking.url(), &t.events.url(), "events");
+    assert_eq!(t.reload(&moved).await.status, StatusCode::OK);
+    assert_eq!(
+        t.post_to("/ingest", "vehicle.position").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.counts(), (0, 1, 1));
+    // A new URL for `events`: refused, the live policy (and its routing) kept.
+    let live = admin_get(&t.proxy, "/policy").await.json()["version"].clone();
+    let changed = three_streams(&t.tracking.url(), "http://127.0.0.1:9", "events");
+    let a = t.reload(&changed).await;
     assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
     let body = String::from_utf8_lossy(&a.body).into_owned();
-    assert!(body.contains(REFUSED), "{body}");
-    let p = admin_get(&proxy, "/policy").await.json();
-    assert_eq!(p["version"], live);
-    let err = p["last_error"].as_str().unwrap();
-    assert!(
-        err.contains(REFUSED) && err.contains("field `upstreams.\"events\"`"),
-        "{err}"
+    assert!(body.contains("takes a restart"), "{body}");
+    assert_eq!(admin_get(&t.proxy, "/policy").await.json()["version"], live);
+    assert_eq!(
+        t.post_to("/ingest", "vehicle.position").await.status,
+        StatusCode::OK
     );
-    let a = post(&proxy, "vehicle.position", event(BERLIN, 0)).await;
-    assert_eq!(a.status, StatusCode::OK);
-    assert_eq!(upstream.count(), 1);
+    assert_eq!(t.counts(), (0, 1, 2));
+}
+
+/// `shedgate serve` starts on the worked example (its upstreams' names resolve only when a
+/// request is sent, so start does not need them up) and answers for each of them.
+#[tokio::test]
+async fn serve_starts_on_the_worked_example() {
+    let upstream = MockUpstream::start().await;
+    let proxy = spawn_proxy(&upstream.url(), &example()).await;
+    let stats = admin_get(&proxy, "/stats").await.json();
+    assert_eq!(
+        stats["upstreams"].as_array().map(Vec::len),
+        Some(4),
+        "{stats}"
+    );
+    let p = admin_get(&proxy, "/pressure?upstream=alerting")
+        .await
+        .json();
+    assert_eq!(p["pinned"].as_bool(), Some(false), "{p}");
 }
