@@ -286,3 +286,99 @@ async fn serve_starts_on_the_worked_example() {
         .json();
     assert_eq!(p["pinned"].as_bool(), Some(false), "{p}");
 }
+
+/// Over real sockets, two upstreams of fixed capacity behind one proxy: `busy` (2 workers ×
+/// 20 ms, 100 req/s) offered three times its capacity and `default` (4 × 20 ms, 200 req/s)
+/// half of its, for 3 s, open loop. Each has its own pressure: the overloaded one sheds and
+/// the healthy one sheds none of its requests, never-shed and sheddable alike (one shared
+/// pressure would shed positions bound for the healthy one).
+#[cfg(feature = "demo")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_upstream_sheds_nothing_bound_for_a_healthy_one() {
+    use shedgate::demo::sim::{ServiceTime, Simulator};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let service = ServiceTime::Fixed(Duration::from_millis(20));
+    let busy = Simulator::new(2, service, Vec::new(), 1);
+    let healthy = Simulator::new(4, service, Vec::new(), 2);
+    let (busy_addr, _busy) = Arc::clone(&busy).serve_http().await.unwrap();
+    let (healthy_addr, _healthy) = Arc::clone(&healthy).serve_http().await.unwrap();
+    let streams = format!(
+        "{}\n[upstreams.busy]\nurl = \"http://{busy_addr}\"\n",
+        SEED_STREAMS
+            .replace(
+                "[streams.\"vehicle.position\"]\n",
+                "[streams.\"vehicle.position\"]\nupstream = \"busy\"\n",
+            )
+            .replace(
+                "[streams.\"dlq.replay\"]\n",
+                "[streams.\"dlq.replay\"]\nupstream = \"busy\"\n",
+            )
+    );
+    let policy = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let proxy = spawn_proxy(&format!("http://{healthy_addr}"), policy.path()).await;
+    let url = format!("http://{}/ingest", proxy.proxy_addr);
+    // (stream, requests a second): to `busy` 300 (a twentieth never shed), to `default` 100
+    // (a tenth never shed).
+    let load = [
+        ("vehicle.position", 285.0),
+        ("dlq.replay", 15.0),
+        ("sensor.reading", 90.0),
+        ("geofence.transition", 10.0),
+    ];
+    let c = client();
+    let start = tokio::time::Instant::now();
+    let mut sent = [0u32; 4];
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    while start.elapsed() < Duration::from_secs(3) {
+        tick.tick().await;
+        let due = start.elapsed().as_secs_f64();
+        for (i, (stream, rate)) in load.iter().enumerate() {
+            #[expect(clippy::cast_possible_truncation, reason = "a few hundred requests")]
+            #[expect(clippy::cast_sign_loss, reason = "a few hundred requests")]
+            let want = (rate * due) as u32;
+            while sent[i] < want {
+                sent[i] += 1;
+                let req = Request::post(&url)
+                    .header("x-stream", *stream)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(event(MUNICH, 0))))
+                    .unwrap();
+                let c = c.clone();
+                tasks.spawn(async move {
+                    let status = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .map(|r| r.status());
+                    (i, status)
+                });
+            }
+        }
+    }
+    // (answered 2xx, shed 503, anything else) per stream.
+    let mut outcome = [(0u32, 0u32, 0u32); 4];
+    while let Some(done) = tasks.join_next().await {
+        let (i, status) = done.unwrap();
+        match status {
+            Some(s) if s.is_success() => outcome[i].0 += 1,
+            Some(StatusCode::SERVICE_UNAVAILABLE) => outcome[i].1 += 1,
+            _ => outcome[i].2 += 1,
+        }
+    }
+    let [position, dlq, sensor, geofence] = outcome;
+    // The healthy upstream's: every one answered by it.
+    assert_eq!((sensor.1, sensor.2), (0, 0), "sensor.reading {sensor:?}");
+    assert_eq!(
+        (geofence.1, geofence.2),
+        (0, 0),
+        "geofence.transition {geofence:?}"
+    );
+    // The overloaded one's: positions shed, its never-shed stream not.
+    assert!(
+        position.1 > 0,
+        "vehicle.position {position:?}: nothing shed"
+    );
+    assert_eq!(dlq.1, 0, "dlq.replay {dlq:?}");
+}
