@@ -36,6 +36,14 @@
 //! and the floor's admissions
 //! (`shedgate_freshness_total`). Each run's figures go to stderr as it ends.
 
+//!
+//! `cargo bench --bench overload -- --two-upstreams [--rounds N]` (N = 3 by default; about a
+//! minute a round): two upstreams of the same capacity behind one shedgate (the second named
+//! `b` in a copy of the policy, every request under `/b` sent there), one offered 3x while the
+//! other is offered 0.5x, then swapped; beside each, the same calm load alone. Per round and
+//! upstream: the healthy one's requests not delivered and its p99 beside its solo p99, the
+//! overloaded one's goodput and p99, and its recovery; then the medians.
+
 #![allow(missing_docs, reason = "a bench binary: its items are not an API")]
 #![allow(clippy::cast_precision_loss, reason = "counts below 2^52")]
 #![allow(clippy::cast_possible_truncation, reason = "counts below 2^52")]
@@ -82,6 +90,8 @@ mod plot;
 mod replicas;
 #[path = "overload/summary.rs"]
 mod summary;
+#[path = "overload/two.rs"]
+mod two;
 use binary::start_binary;
 use plot::plot;
 use summary::{Row, calm_after, ms, recovery, summarise};
@@ -496,6 +506,7 @@ fn main() {
     let replicas_arg = value("--replicas");
     let rounds = value("--rounds").unwrap_or(3).max(1);
     let pair = args.iter().any(|a| a == "--floor-pair");
+    let two_upstreams = args.iter().any(|a| a == "--two-upstreams");
     let grown = args.iter().any(|a| a == "--grown");
     let load_reports = args.iter().any(|a| a == "--load-reports");
     let spread = if args.iter().any(|a| a == "--random") {
@@ -511,7 +522,9 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        if pair {
+        if two_upstreams {
+            two::two_upstreams(rounds, &policies, &traffic).await;
+        } else if pair {
             let max_silence = args
                 .iter()
                 .position(|a| a == "--max-silence")
