@@ -72,9 +72,11 @@ fn bench(c: &mut Criterion) {
                 None,
             );
             snapshot.metrics.shed(stream, d.area, d.verdict);
-            snapshot
-                .metrics
-                .request(stream, shedgate::metrics::Outcome::Forwarded);
+            snapshot.metrics.request(
+                stream,
+                Some(shedgate::policy::UpstreamId::DEFAULT),
+                shedgate::metrics::Outcome::Forwarded,
+            );
             black_box(d)
         });
     });
@@ -106,7 +108,13 @@ fn bench(c: &mut Criterion) {
     let pm = PolicyMetrics::new(&metrics, &policy);
     let id = policy.stream("vehicle.position");
     c.bench_function("part/counter-handle", |b| {
-        b.iter(|| pm.request(black_box(id), shedgate::metrics::Outcome::Forwarded));
+        b.iter(|| {
+            pm.request(
+                black_box(id),
+                Some(shedgate::policy::UpstreamId::DEFAULT),
+                shedgate::metrics::Outcome::Forwarded,
+            )
+        });
     });
     let curve = policy.curve();
     let rank = policy::Rank::new(50).unwrap();

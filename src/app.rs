@@ -112,7 +112,7 @@ pub fn build_stack(
 
 /// One upstream per upstream of `policy` (its [`crate::policy::UpstreamId`] order, `default`
 /// first), each cold: its pressure starts from nothing learned, its sockets counted against
-/// `descriptors`. What a `[upstreams.NAME]` table leaves out is the command line's
+/// `descriptors`, its series in `metrics`. What a `[upstreams.NAME]` table leaves out is the command line's
 /// (`--upstream`'s URL for `default`, and `--upstream-timeout`, `--connect-timeout`,
 /// `--latency-target`, `--max-inflight`, `--load-report` for every one).
 ///
@@ -123,6 +123,7 @@ fn build_upstreams(
     config: &Config,
     policy: &crate::policy::Policy,
     descriptors: &Arc<Descriptors>,
+    metrics: &Metrics,
 ) -> Result<Upstreams, StartError> {
     let mut table = Vec::with_capacity(policy.upstreams().len());
     for spec in policy.upstreams() {
@@ -167,6 +168,7 @@ fn build_upstreams(
             spec.load_report
                 .clone()
                 .or_else(|| config.load_report.clone()),
+            metrics,
         ));
     }
     Ok(Upstreams::new(table))
@@ -243,7 +245,7 @@ pub async fn start_with(
     let (store, warnings) =
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
     let descriptors = Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics))));
-    let upstreams = build_upstreams(&config, &store.load().policy, &descriptors)?;
+    let upstreams = build_upstreams(&config, &store.load().policy, &descriptors, &metrics)?;
     let parts = Parts {
         metrics: Arc::clone(&metrics),
         store: Arc::new(store),
@@ -449,8 +451,10 @@ fn tick_upstream(
         let snapshot = parts.store.load();
         crate::admission::schedule_floor(&snapshot.policy, parts.store.sources().now(), p).0
     };
-    let m = &parts.metrics;
+    let m = &up.metrics;
     m.pressure.set(p.get());
+    m.pressure_pinned
+        .set(if up.pressure.is_pinned() { 1.0 } else { 0.0 });
     m.inflight.set(f64::from(up.pressure.inflight()));
     m.rank_cutoff.set(Curve::threshold(p));
     if p > Pressure::SHED_FLOOR {

@@ -408,10 +408,8 @@ async fn pin_pressure(
     match pin {
         Ok(p) => {
             gauge.pin(Some(p));
-            if Arc::ptr_eq(&up, s.upstreams.default_upstream()) {
-                s.metrics.pressure.set(p.get());
-                s.metrics.pressure_pinned.set(1.0);
-            }
+            up.metrics.pressure.set(p.get());
+            up.metrics.pressure_pinned.set(1.0);
             tracing::warn!(
                 upstream = &*up.name,
                 pressure = p.get(),
@@ -435,9 +433,7 @@ async fn unpin_pressure(State(s): State<AdminState>, uri: axum::http::Uri) -> Re
         Err(detail) => return no_such_upstream(&detail),
     };
     up.pressure.pin(None);
-    if Arc::ptr_eq(&up, s.upstreams.default_upstream()) {
-        s.metrics.pressure_pinned.set(0.0);
-    }
+    up.metrics.pressure_pinned.set(0.0);
     tracing::info!(upstream = &*up.name, "pressure unpinned");
     pressure_view(&up)
 }

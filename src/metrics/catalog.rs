@@ -1,7 +1,8 @@
 //! Every metric name as a constant, with its kind and description ([`CATALOG`]): the
 //! declared API that tests check docs/metrics.md and the Grafana dashboard against.
 
-/// Requests by `stream` and `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`).
+/// Requests by `stream`, `outcome` (`forwarded`, `shed`, `rejected`, `upstream_error`) and
+/// `upstream` (the one chosen for it, or [`NO_UPSTREAM`] when answered before one was).
 pub const REQUESTS: &str = "shedgate_requests_total";
 /// Requests shed, by `stream`, `area` and `reason` (`pressure`, `stale`, `superseded`,
 /// `disabled`, `budget`, `memory`).
@@ -21,13 +22,14 @@ pub const UNREADABLE: &str = "shedgate_unreadable_facts_total";
 pub const ADMITTED: &str = "shedgate_admitted_total";
 /// Opaque envelopes (encrypted OwnTracks messages) by `route`: forwarded unread, never shed.
 pub const OPAQUE: &str = "shedgate_opaque_envelopes_total";
-/// The local clock's offset from the upstream's, seconds (positive: the upstream is ahead),
-/// estimated from responses' `Date` headers (see [`crate::clock::skew`]).
+/// The local clock's offset from an upstream's, seconds (positive: the upstream is ahead),
+/// estimated from its responses' `Date` headers (see [`crate::clock::skew`]), by `upstream`.
 pub const CLOCK_OFFSET: &str = "shedgate_clock_offset_seconds";
-/// 1 while event ages are judged against the upstream's clock because the offset is beyond
-/// the bound (5 s), else 0.
+/// 1 while event ages are judged against an upstream's clock because the offset is beyond
+/// the bound (5 s), else 0; by `upstream`.
 pub const CLOCK_CORRECTED: &str = "shedgate_clock_corrected";
-/// `OPTIONS *` probes sent to read the upstream's clock while every answer was stale.
+/// `OPTIONS *` probes sent to read an upstream's clock while every answer was stale, by
+/// `upstream`.
 pub const CLOCK_PROBES: &str = "shedgate_clock_probes_total";
 /// Event age at the decision, seconds, by `stream` (sheddable events with a readable time at
 /// or before now; never negative, so its `_sum` never decreases).
@@ -38,24 +40,30 @@ pub const EVENT_AGE: &str = "shedgate_event_age_seconds";
 pub const EVENT_LEAD: &str = "shedgate_event_lead_seconds";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
-/// Pressure as decisions see it, 0.0–1.0: the controller's, raised to an open schedule's
-/// floor; the pinned value when pinned.
+/// The `upstream` label of requests answered before an upstream was chosen for them (refused
+/// at their framing or their declared size, or a body that could not be read).
+pub const NO_UPSTREAM: &str = "none";
+/// Pressure as decisions see it, 0.0–1.0, by `upstream` (each has its own controller): the
+/// controller's, raised to an open schedule's floor; the pinned value when pinned.
 pub const PRESSURE: &str = "shedgate_pressure";
-/// 1 while an operator pins pressure, else 0.
+/// 1 while an operator pins an upstream's pressure, else 0; by `upstream`.
 pub const PRESSURE_PINNED: &str = "shedgate_pressure_pinned";
-/// Requests admitted to the upstream and not yet finished (response body ended).
+/// Requests admitted to an upstream and not yet finished (response body ended), by `upstream`.
 pub const INFLIGHT: &str = "shedgate_inflight_requests";
 /// Sheddable body bytes buffered now, against `--max-buffered-bytes`.
 pub const BUFFERED_BYTES: &str = "shedgate_buffered_body_bytes";
-/// The rank cut-off: ranks above it are being pressure-shed (partly, within the band); 100
-/// when nothing is.
+/// The rank cut-off of an upstream's requests, by `upstream`: ranks above it are being
+/// pressure-shed (partly, within the band); 100 when nothing is.
 pub const RANK_CUTOFF: &str = "shedgate_rank_cutoff";
-/// Seconds spent with pressure above 0.5 (shedding). Alert on its rate, i.e. on duration.
+/// Seconds an upstream spent with pressure above 0.5 (shedding), by `upstream`. Alert on its
+/// rate, i.e. on duration.
 pub const SHEDDING_SECONDS: &str = "shedgate_shedding_seconds_total";
-/// Upstream latency to response headers, seconds, for requests the upstream answered.
+/// Upstream latency to response headers, seconds, for requests the upstream answered, by
+/// `upstream`.
 pub const UPSTREAM_LATENCY: &str = "shedgate_upstream_latency_seconds";
 /// Upstream load reports (`--load-report`, the ORCA `endpoint-load-metrics` header), by
-/// `outcome`: `read`, or `invalid` (there but not readable as the one utilisation named).
+/// `upstream` and `outcome`: `read`, or `invalid` (there but not readable as the one
+/// utilisation named).
 pub const UPSTREAM_LOAD_REPORTS: &str = "shedgate_upstream_load_reports_total";
 /// Errors answered by the proxy itself, by `kind` (`bad_gateway`, `gateway_timeout`,
 /// `payload_too_large`, `body_timeout`, `bad_request`).
@@ -132,7 +140,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         REQUESTS,
         "counter",
-        "Requests by stream and outcome (forwarded, shed, rejected, upstream_error).",
+        "Requests by stream, outcome (forwarded, shed, rejected, upstream_error) and upstream (none: answered before one was chosen).",
     ),
     (
         SHED,
@@ -162,17 +170,17 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         CLOCK_OFFSET,
         "gauge",
-        "Offset of the local clock from the upstream's, seconds (positive: the upstream is ahead), from responses' Date headers.",
+        "Offset of the local clock from an upstream's, seconds (positive: the upstream is ahead), from its responses' Date headers, by upstream.",
     ),
     (
         CLOCK_CORRECTED,
         "gauge",
-        "1 while event ages are judged against the upstream's clock (offset beyond 5 s), else 0.",
+        "1 while event ages are judged against an upstream's clock (offset beyond 5 s), else 0; by upstream.",
     ),
     (
         CLOCK_PROBES,
         "counter",
-        "OPTIONS * probes sent to read the upstream's clock while every answer was stale.",
+        "OPTIONS * probes sent to read an upstream's clock while every answer was stale, by upstream.",
     ),
     (
         EVENT_AGE,
@@ -187,17 +195,17 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         PRESSURE,
         "gauge",
-        "Current pressure, 0.0-1.0; 0.5 = upstream fully used at its latency target.",
+        "Current pressure of each upstream, 0.0-1.0, by upstream; 0.5 = the upstream fully used at its latency target.",
     ),
     (
         PRESSURE_PINNED,
         "gauge",
-        "1 while an operator pins pressure.",
+        "1 while an operator pins an upstream's pressure, by upstream.",
     ),
     (
         INFLIGHT,
         "gauge",
-        "Requests admitted to the upstream whose response body has not ended.",
+        "Requests admitted to an upstream whose response body has not ended, by upstream.",
     ),
     (
         BUFFERED_BYTES,
@@ -207,22 +215,22 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         RANK_CUTOFF,
         "gauge",
-        "Ranks above this are being pressure-shed; 100 when nothing is.",
+        "Ranks above this are being pressure-shed at an upstream, by upstream; 100 when nothing is.",
     ),
     (
         SHEDDING_SECONDS,
         "counter",
-        "Seconds spent with pressure above 0.5.",
+        "Seconds an upstream spent with pressure above 0.5, by upstream.",
     ),
     (
         UPSTREAM_LATENCY,
         "histogram",
-        "Upstream latency to response headers, seconds.",
+        "Upstream latency to response headers, seconds, by upstream.",
     ),
     (
         UPSTREAM_LOAD_REPORTS,
         "counter",
-        "Upstream load reports (--load-report) by outcome (read, invalid).",
+        "Upstream load reports (--load-report) by upstream and outcome (read, invalid).",
     ),
     (
         PROXY_ERRORS,

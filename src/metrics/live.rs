@@ -1,6 +1,6 @@
 //! Series of names that left the policy: the exporter has no way to unregister a series, so
-//! a render leaves out every series labelled with a stream, area or route the live policy no
-//! longer has (and `shedgate_policy_info` of versions no longer live, the disabled gauge of
+//! a render leaves out every series labelled with a stream, area, route or upstream the live
+//! policy no longer has (and `shedgate_policy_info` of versions no longer live, the disabled gauge of
 //! streams no longer there, and the gauge of schedules no longer there). A name that comes back
 //! continues its old count, which counters allow.
 
@@ -14,6 +14,7 @@ pub(super) struct LiveNames {
     streams: HashSet<String>,
     areas: HashSet<String>,
     routes: HashSet<String>,
+    upstreams: HashSet<String>,
     schedules: HashSet<String>,
     version: String,
 }
@@ -26,6 +27,7 @@ impl LiveNames {
             streams: names.streams.into_iter().collect(),
             areas: names.areas.into_iter().collect(),
             routes: names.routes.into_iter().collect(),
+            upstreams: names.upstreams.into_iter().collect(),
             schedules: policy.schedules().iter().map(|s| s.name.clone()).collect(),
             version: policy.version().to_owned(),
         }
@@ -43,6 +45,7 @@ impl LiveNames {
             "stream" => self.streams.contains(&value),
             "area" => self.areas.contains(&value),
             "route" => self.routes.contains(&value),
+            "upstream" => self.upstreams.contains(&value),
             "schedule" => self.schedules.contains(&value),
             "version" if info => value == self.version,
             // `scope` comes before `name` in the disabled gauge's labels.
@@ -121,13 +124,14 @@ mod tests {
             streams: ["v".to_owned(), "unknown".to_owned()].into(),
             areas: ["berlin".to_owned()].into(),
             routes: ["none".to_owned()].into(),
+            upstreams: ["default".to_owned(), "none".to_owned()].into(),
             schedules: ["peak".to_owned()].into(),
             version: "abc".to_owned(),
         };
-        let text = "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nx{stream=\"v\",area=\"old\"} 2\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_policy_info{version=\"old\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"stream\",name=\"gone\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\nshedgate_schedule_active{schedule=\"peak\"} 1\nshedgate_schedule_active{schedule=\"gone\"} 0\ny 5\n";
+        let text = "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nx{stream=\"v\",area=\"old\"} 2\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_policy_info{version=\"old\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"stream\",name=\"gone\"} 0\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\nshedgate_schedule_active{schedule=\"peak\"} 1\nshedgate_schedule_active{schedule=\"gone\"} 0\nshedgate_pressure{upstream=\"default\"} 0.5\nshedgate_pressure{upstream=\"removed\"} 0.9\nshedgate_requests_total{stream=\"v\",outcome=\"shed\",upstream=\"none\"} 1\nshedgate_requests_total{stream=\"v\",outcome=\"shed\",upstream=\"removed\"} 4\ny 5\n";
         assert_eq!(
             live.filter(text),
-            "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\nshedgate_schedule_active{schedule=\"peak\"} 1\ny 5\n"
+            "# TYPE x counter\nx{stream=\"v\",area=\"berlin\"} 1\nshedgate_policy_info{version=\"abc\"} 1\nshedgate_disabled_until_timestamp_seconds{scope=\"class\",name=\"critical\"} 0\nshedgate_schedule_active{schedule=\"peak\"} 1\nshedgate_pressure{upstream=\"default\"} 0.5\nshedgate_requests_total{stream=\"v\",outcome=\"shed\",upstream=\"none\"} 1\ny 5\n"
         );
     }
 }

@@ -6,8 +6,6 @@
 //! Each proxy owns its own Prometheus recorder (no global recorder), so several proxies in
 //! one process — the tests, the demo — keep separate counts.
 
-use std::time::Duration;
-
 use metrics::{
     Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit,
 };
@@ -22,11 +20,13 @@ mod catalog;
 mod connections;
 mod live;
 mod per_policy;
+mod upstream;
 
 pub use admin::AdminRefusal;
 pub use catalog::*;
 pub use connections::{CloseReason, DescriptorShortage};
 pub use per_policy::PolicyMetrics;
+pub use upstream::UpstreamMetrics;
 
 /// Buckets of [`EVENT_AGE`], seconds: around the default `stale_after` (30 s), up to a day
 /// (past which a time is not believed). Never negative: times in the future go to
@@ -193,30 +193,13 @@ impl ErrorKind {
     }
 }
 
-/// One proxy's recorder and its process-wide handles.
+/// One proxy's recorder and its process-wide handles (each upstream's are its
+/// [`UpstreamMetrics`]).
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    /// [`PRESSURE`].
-    pub pressure: Gauge,
-    /// [`PRESSURE_PINNED`].
-    pub pressure_pinned: Gauge,
-    /// [`INFLIGHT`].
-    pub inflight: Gauge,
     /// [`BUFFERED_BYTES`].
     pub buffered_bytes: Gauge,
-    /// [`RANK_CUTOFF`].
-    pub rank_cutoff: Gauge,
-    /// [`SHEDDING_SECONDS`].
-    pub shedding_seconds: Counter,
-    /// [`UPSTREAM_LATENCY`].
-    pub upstream_latency: Histogram,
-    /// [`CLOCK_OFFSET`].
-    pub clock_offset: Gauge,
-    /// [`CLOCK_CORRECTED`].
-    pub clock_corrected: Gauge,
-    /// [`CLOCK_PROBES`].
-    pub clock_probes: Counter,
     /// [`PARKED_CONNECTIONS`].
     pub parked_connections: Gauge,
     /// [`DEVICES`].
@@ -232,8 +215,6 @@ pub struct Metrics {
     /// [`ACCESS_LOG_DROPPED`]: `behind`, `write_error`.
     pub access_log_dropped: [Counter; 2],
     proxy_errors: [Counter; 6],
-    /// [`UPSTREAM_LOAD_REPORTS`]: read, invalid.
-    load_reports: [Counter; 2],
     connection_closes: [Counter; 6],
     /// [`DESCRIPTOR_SHORTAGES`], by [`DescriptorShortage`].
     descriptor_shortages: [Counter; 4],
@@ -302,14 +283,11 @@ impl Metrics {
             .map(|r| counter(ADMIN_REFUSALS, vec![Label::new("reason", r.as_str())]));
         let descriptor_shortages = DescriptorShortage::ALL
             .map(|r| counter(DESCRIPTOR_SHORTAGES, vec![Label::new("reason", r.as_str())]));
-        let load_reports = ["read", "invalid"]
-            .map(|o| counter(UPSTREAM_LOAD_REPORTS, vec![Label::new("outcome", o)]));
-        let m = Metrics {
+        Metrics {
             connection_closes,
             descriptor_shortages,
             protocol_mismatches,
             admin_refusals,
-            load_reports,
             parked_connections: gauge(PARKED_CONNECTIONS),
             devices: gauge(DEVICES),
             devices_past_floor: gauge(DEVICES_PAST_FLOOR),
@@ -318,17 +296,7 @@ impl Metrics {
             access_log_lines: counter(ACCESS_LOG_LINES, vec![]),
             access_log_dropped: ["behind", "write_error"]
                 .map(|r| counter(ACCESS_LOG_DROPPED, vec![Label::new("reason", r)])),
-            pressure: gauge(PRESSURE),
-            pressure_pinned: gauge(PRESSURE_PINNED),
-            inflight: gauge(INFLIGHT),
             buffered_bytes: gauge(BUFFERED_BYTES),
-            rank_cutoff: gauge(RANK_CUTOFF),
-            shedding_seconds: counter(SHEDDING_SECONDS, vec![]),
-            upstream_latency: recorder
-                .register_histogram(&Key::from_name(UPSTREAM_LATENCY), &metadata()),
-            clock_offset: gauge(CLOCK_OFFSET),
-            clock_corrected: gauge(CLOCK_CORRECTED),
-            clock_probes: counter(CLOCK_PROBES, vec![]),
             proxy_errors,
             reload_success: counter(POLICY_RELOADS, vec![Label::new("outcome", "success")]),
             reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
@@ -341,9 +309,7 @@ impl Metrics {
             live: std::sync::Mutex::new(None),
             recorder,
             handle,
-        };
-        m.rank_cutoff.set(100.0);
-        m
+        }
     }
 
     /// Prometheus text exposition of every metric, without the series of stream, area and
@@ -380,11 +346,6 @@ impl Metrics {
     /// Counts an error answered by the proxy.
     pub fn proxy_error(&self, kind: ErrorKind) {
         self.proxy_errors[kind as usize].increment(1);
-    }
-
-    /// Counts an upstream load report: read, or there but not readable.
-    pub fn load_report(&self, read: bool) {
-        self.load_reports[usize::from(!read)].increment(1);
     }
 
     /// Counts a client connection closed because it spoke another protocol.
@@ -521,14 +482,14 @@ impl Metrics {
         .increment(1);
     }
 
-    /// Records an upstream latency sample.
-    pub fn observe_latency(&self, latency: Duration) {
-        self.upstream_latency.record(latency.as_secs_f64());
-    }
-
     pub(super) fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
         self.recorder
             .register_histogram(&Key::from_parts(name, labels), &metadata())
+    }
+
+    pub(super) fn gauge(&self, name: &'static str, labels: Vec<Label>) -> Gauge {
+        self.recorder
+            .register_gauge(&Key::from_parts(name, labels), &metadata())
     }
 
     pub(super) fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {

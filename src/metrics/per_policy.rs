@@ -7,18 +7,20 @@ use metrics::{Counter, Histogram, Label};
 
 use super::{
     ADMITTED, DEVICE_GAP, DEVICE_SILENCE, DEVICE_UNTRUSTED, EVENT_AGE, EVENT_LEAD, FRESHNESS, Fact,
-    Metrics, NO_ROUTE, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
+    Metrics, NO_ROUTE, NO_UPSTREAM, OPAQUE, Outcome, REQUESTS, SHED, UNREADABLE, WOULD_SHED,
 };
 use crate::admission::{FloorVerdict, ShedReason, Untrusted, Verdict};
-use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM};
+use crate::policy::{AreaId, Policy, StreamId, UNCONFIGURED_AREA, UNKNOWN_STREAM, UpstreamId};
 
-/// The label values a policy gives series: its stream names, area names and route prefixes
-/// in id order, each followed by the reserved name of "none of them" (`unknown`,
-/// `unconfigured`, `none`). One list for the counters and for the render filter.
+/// The label values a policy gives series: its stream names, area names, route prefixes and
+/// upstream names in id order, each followed by the reserved name of "none of them"
+/// (`unknown`, `unconfigured`, `none`, `none`). One list for the counters and for the render
+/// filter.
 pub(super) struct LabelNames {
     pub(super) streams: Vec<String>,
     pub(super) areas: Vec<String>,
     pub(super) routes: Vec<String>,
+    pub(super) upstreams: Vec<String>,
 }
 
 impl LabelNames {
@@ -40,6 +42,10 @@ impl LabelNames {
                 policy.routes().iter().map(|r| r.prefix.clone()).collect(),
                 NO_ROUTE,
             ),
+            upstreams: with(
+                policy.upstreams().iter().map(|u| u.name.clone()).collect(),
+                NO_UPSTREAM,
+            ),
         }
     }
 }
@@ -53,7 +59,9 @@ pub struct PolicyMetrics {
     area_names: Vec<String>,
     /// Route prefixes, then `none`.
     route_names: Vec<String>,
-    /// `[slot][outcome]`.
+    /// Upstream names in [`UpstreamId`] order, then `none`.
+    upstream_names: Vec<String>,
+    /// `[slot × upstreams + upstream][outcome]`.
     requests: Vec<[OnceLock<Counter>; 4]>,
     /// `[slot][area][reason]`, flattened; `would` doubles it for warn mode.
     sheds: Vec<OnceLock<Counter>>,
@@ -92,6 +100,7 @@ impl PolicyMetrics {
             streams: stream_names,
             areas: area_names,
             routes: route_names,
+            upstreams: upstream_names,
         } = LabelNames::of(policy);
         let slots = stream_names.len();
         let sheds = (0..slots * area_names.len() * ShedReason::ALL.len() * 2)
@@ -104,7 +113,9 @@ impl PolicyMetrics {
         PolicyMetrics {
             counts,
             metrics: Arc::clone(metrics),
-            requests: (0..slots).map(|_| Default::default()).collect(),
+            requests: (0..slots * upstream_names.len())
+                .map(|_| Default::default())
+                .collect(),
             opaque: (0..route_names.len()).map(|_| OnceLock::new()).collect(),
             admitted: (0..slots * area_names.len())
                 .map(|_| OnceLock::new())
@@ -122,6 +133,7 @@ impl PolicyMetrics {
             stream_names,
             area_names,
             route_names,
+            upstream_names,
         }
     }
 
@@ -141,21 +153,38 @@ impl PolicyMetrics {
         area.map_or(self.area_names.len() - 1, AreaId::index)
     }
 
+    /// The upstream's label index (`none` last, also for an id another policy issued).
+    fn upstream_slot(&self, upstream: Option<UpstreamId>) -> usize {
+        let none = self.upstream_names.len() - 1;
+        upstream
+            .map(UpstreamId::index)
+            .filter(|u| *u < none)
+            .unwrap_or(none)
+    }
+
     fn slot(&self, stream: Option<StreamId>) -> usize {
         stream.map_or(self.stream_names.len() - 1, StreamId::index)
     }
 
-    /// Counts a request outcome.
-    pub fn request(&self, stream: Option<StreamId>, outcome: Outcome) {
+    /// Counts a request outcome of `stream` at `upstream`, the one chosen for it (`None`:
+    /// answered before one was, labelled `none`).
+    pub fn request(
+        &self,
+        stream: Option<StreamId>,
+        upstream: Option<UpstreamId>,
+        outcome: Outcome,
+    ) {
         let slot = self.slot(stream);
+        let u = self.upstream_slot(upstream);
         let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
-        self.requests[slot][i]
+        self.requests[slot * self.upstream_names.len() + u][i]
             .get_or_init(|| {
                 self.metrics.counter(
                     REQUESTS,
                     vec![
                         Label::new("stream", self.stream_names[slot].clone()),
                         Label::new("outcome", outcome.as_str()),
+                        Label::new("upstream", self.upstream_names[u].clone()),
                     ],
                 )
             })
@@ -327,5 +356,80 @@ impl PolicyMetrics {
                 )
             })
             .increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{PolicyFiles, compile};
+
+    fn policy(streams: &str) -> Policy {
+        compile(&PolicyFiles::from_texts(
+            streams,
+            Some("default_rank = 50\n"),
+        ))
+        .unwrap()
+        .policy
+    }
+
+    const TWO: &str = r#"
+[upstreams.tracking]
+url = "http://127.0.0.1:3001"
+
+[streams."vehicle.position"]
+supersession = "self-superseding"
+upstream = "tracking"
+"#;
+
+    /// `shedgate_requests_total` counts each upstream's requests apart, and those answered
+    /// before one was chosen as `upstream="none"`; a reload that removes an upstream takes
+    /// its series out of the render.
+    #[test]
+    fn requests_are_counted_by_upstream_and_removed_ones_leave_the_render() {
+        let metrics = Arc::new(Metrics::new());
+        let two = policy(TWO);
+        metrics.policy_loaded(&two, crate::clock::UnixMillis(0));
+        let pm = PolicyMetrics::new(&metrics, &two);
+        let stream = two.stream("vehicle.position");
+        let tracking = two.upstream("tracking");
+        assert!(tracking.is_some());
+        pm.request(stream, tracking, Outcome::Shed);
+        pm.request(stream, tracking, Outcome::Shed);
+        pm.request(stream, Some(UpstreamId::DEFAULT), Outcome::Shed);
+        pm.request(stream, None, Outcome::Rejected);
+        let text = metrics.render();
+        for line in [
+            r#"shedgate_requests_total{stream="vehicle.position",outcome="shed",upstream="tracking"} 2"#,
+            r#"shedgate_requests_total{stream="vehicle.position",outcome="shed",upstream="default"} 1"#,
+            r#"shedgate_requests_total{stream="vehicle.position",outcome="rejected",upstream="none"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        let tracking_metrics = super::super::UpstreamMetrics::new(&metrics, "tracking");
+        tracking_metrics.pressure.set(0.9);
+        assert!(
+            metrics
+                .render()
+                .contains("shedgate_pressure{upstream=\"tracking\"} 0.9")
+        );
+
+        let one = policy(
+            &TWO.replace(
+                "[upstreams.tracking]\nurl = \"http://127.0.0.1:3001\"\n",
+                "",
+            )
+            .replace("upstream = \"tracking\"\n", ""),
+        );
+        assert!(one.upstream("tracking").is_none());
+        metrics.policy_loaded(&one, crate::clock::UnixMillis(1));
+        let text = metrics.render();
+        assert!(!text.contains("upstream=\"tracking\""), "{text}");
+        assert!(
+            text.contains(
+                r#"shedgate_requests_total{stream="vehicle.position",outcome="shed",upstream="default"} 1"#
+            ),
+            "{text}"
+        );
     }
 }

@@ -10,7 +10,7 @@ use crate::admission::{ShedReason, Verdict};
 use crate::edge::rejection::Body;
 use crate::live::store::Snapshot;
 use crate::policy::{Class, StreamId};
-use crate::upstream::{ClassGuard, Upstream};
+use crate::upstream::{ClassGuard, Upstream, UpstreamId};
 
 /// Whether a `never` request of `class` bound to `up` must get a place under the class cap
 /// first.
@@ -19,12 +19,12 @@ pub(super) fn capped(up: &Upstream, policy: &crate::policy::Policy, class: Class
     cap.wait.is_some() && up.load().over_budget(class, cap)
 }
 
-/// A `never` request of a capped class over its budget at `up`: in warn mode (global or the
+/// A `never` request of a capped class over its budget at `upstream`: in warn mode (global or the
 /// class's) it is counted as a would-shed and goes through; otherwise it waits for a
 /// reserved place (`Ok`) or, when the wait runs out, gets its 503 answer (`Err`).
 pub(super) async fn hold_for_room(
     shared: &Shared,
-    up: &Upstream,
+    upstream: UpstreamId,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     class: Class,
@@ -38,11 +38,11 @@ pub(super) async fn hold_for_room(
             .shed(stream, None, Verdict::WouldShed(ShedReason::Budget));
         return Ok(None);
     }
-    match wait_for_room(up, policy, class).await {
+    match wait_for_room(&shared.upstreams[upstream], policy, class).await {
         Ok(guard) => Ok(Some(guard)),
         Err(()) => Err(shed_outside_decide(
             shared,
-            up,
+            upstream,
             snapshot,
             stream,
             ShedReason::Budget,

@@ -121,6 +121,7 @@ where
                     &shared,
                     &snapshot,
                     stream,
+                    Some(upstream),
                     Rejection::ClassTimeout {
                         class: class.as_str(),
                         limit,
@@ -158,7 +159,7 @@ where
     let outcome = match response.extensions().get::<UpstreamOutcome>() {
         Some(UpstreamOutcome::Answered { latency }) => {
             let date = response.headers().get(http::header::DATE);
-            up.sample_clock(shared.sources(), m.global(), date);
+            up.sample_clock(shared.sources(), date);
             // Only an answer that served the request measures how long serving takes. A 5xx
             // is often fast (a failing dependency, a 503 of its own), and so is a 4xx (a
             // signature or token refused once the body is read): one fast 401 after a quiet
@@ -169,14 +170,14 @@ where
                 up.pressure
                     .record_latency(snapshot.policy.cost_slot(stream), *latency);
             }
-            up.read_load_report(m.global(), response.headers());
-            m.global().observe_latency(*latency);
+            up.read_load_report(response.headers());
+            up.metrics.observe_latency(*latency);
             (Outcome::Forwarded, None)
         }
         Some(UpstreamOutcome::AnsweredEarly) => {
             let date = response.headers().get(http::header::DATE);
-            up.sample_clock(shared.sources(), m.global(), date);
-            up.read_load_report(m.global(), response.headers());
+            up.sample_clock(shared.sources(), date);
+            up.read_load_report(response.headers());
             (Outcome::Forwarded, None)
         }
         Some(UpstreamOutcome::TimedOut { after }) => {
@@ -193,7 +194,7 @@ where
         }
         None => (Outcome::UpstreamError, None),
     };
-    m.request(stream, outcome.0);
+    m.request(stream, Some(upstream), outcome.0);
     if let Some(mut note) = note {
         (note.outcome, note.reason) = (Some(outcome.0), outcome.1);
         response.extensions_mut().insert(note);
@@ -201,12 +202,14 @@ where
     response.map(|body| GuardedBody::new(body, guard).boxed_unsync())
 }
 
-/// Answers a request the proxy refuses or gives up on, counting it: outcome `rejected` for
-/// the client's faults, `upstream_error` for the upstream's (by [`crate::metrics::ErrorKind::outcome`]).
+/// Answers a request the proxy refuses or gives up on, counting it at `upstream` (`None`:
+/// refused before one was chosen for it): outcome `rejected` for the client's faults,
+/// `upstream_error` for the upstream's (by [`crate::metrics::ErrorKind::outcome`]).
 pub(super) fn reject(
     shared: &Shared,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
+    upstream: Option<UpstreamId>,
     rejection: Rejection,
 ) -> Response<Body> {
     let outcome = match rejection.error_kind() {
@@ -216,7 +219,7 @@ pub(super) fn reject(
         }
         None => Outcome::Rejected,
     };
-    snapshot.metrics.request(stream, outcome);
+    snapshot.metrics.request(stream, upstream, outcome);
     let reason = rejection.slug();
     let mut response = rejection.into_response();
     shared.note(&mut response, || Note {

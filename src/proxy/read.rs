@@ -63,27 +63,27 @@ where
         Limited::new(Budgeted::new(body, reservation.clone()), limit).collect(),
     );
     let bytes = match read.await {
-        Err(_) => return reject(&shared, &snapshot, stream, Rejection::BodyTimeout),
+        Err(_) => return reject(&shared, &snapshot, stream, None, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
             // Shed before its decision, but offered all the same: its one arrival.
-            let up = &shared.upstreams[upstream_of(
+            let upstream = upstream_of(
                 &shared.upstreams,
                 &snapshot.policy,
                 read_as.route.map(|(i, _)| i),
                 stream,
-            )];
-            up.pressure.arrive();
-            return shed_outside_decide(&shared, up, &snapshot, stream, ShedReason::Memory);
+            );
+            shared.upstreams[upstream].pressure.arrive();
+            return shed_outside_decide(&shared, upstream, &snapshot, stream, ShedReason::Memory);
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             let rejection = Rejection::PayloadTooLarge {
                 limit: settings.max_body,
             };
-            return reject(&shared, &snapshot, stream, rejection);
+            return reject(&shared, &snapshot, stream, None, rejection);
         }
         Ok(Err(e)) => {
             let rejection = Rejection::BadBody(format!("request body: {e}"));
-            return reject(&shared, &snapshot, stream, rejection);
+            return reject(&shared, &snapshot, stream, None, rejection);
         }
         Ok(Ok(collected)) => collected.to_bytes(),
     };
@@ -116,6 +116,7 @@ where
                 &shared,
                 &snapshot,
                 stream,
+                None,
                 Rejection::PayloadTooLarge { limit },
             );
         }
@@ -283,13 +284,8 @@ where
     if decision.verdict == Verdict::Shed(ShedReason::Stale) && up.skew.wants_probe(local_now) {
         // Every answer stale and no recent `Date` to tell a backlog from a clock that is
         // ahead: ask the upstream for its clock, off the request path.
-        m.global().clock_probes.increment(1);
-        tokio::spawn(probe_clock(
-            Arc::clone(&shared),
-            inner.clone(),
-            Arc::clone(&snapshot),
-            upstream,
-        ));
+        up.metrics.clock_probes.increment(1);
+        tokio::spawn(probe_clock(Arc::clone(&shared), inner.clone(), upstream));
     }
     if decision.implausible_time {
         m.unreadable(stream, route, Fact::ImplausibleTime);
@@ -322,7 +318,7 @@ where
                     retry_after: secs,
                 }
             };
-            m.request(stream, Outcome::Shed);
+            m.request(stream, Some(upstream), Outcome::Shed);
             m.counts(stream).shed(reason, local_now);
             let mut response = rejection.into_response();
             if let Some(mut note) = note {
@@ -344,7 +340,7 @@ where
             );
             let class = policy.class_of(stream);
             if never && capped(up, policy, class) {
-                match hold_for_room(&shared, up, &snapshot, stream, class).await {
+                match hold_for_room(&shared, upstream, &snapshot, stream, class).await {
                     Ok(guard) => reserved = guard,
                     Err(response) => return response,
                 }
@@ -387,12 +383,8 @@ where
 /// Sends `OPTIONS *` (RFC 9110 section 9.3.7: a request about the server as a whole, its
 /// "ping") to `upstream` and samples its clock from the answer's `Date`. Not a latency
 /// sample and not a request of any stream.
-async fn probe_clock<S>(
-    shared: Arc<Shared>,
-    inner: S,
-    snapshot: Arc<Snapshot>,
-    upstream: UpstreamId,
-) where
+async fn probe_clock<S>(shared: Arc<Shared>, inner: S, upstream: UpstreamId)
+where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
@@ -414,6 +406,6 @@ async fn probe_clock<S>(
         .is_some_and(|o| matches!(o, crate::upstream::UpstreamOutcome::Answered { .. }))
     {
         let date = response.headers().get(http::header::DATE);
-        up.sample_clock(shared.sources(), snapshot.metrics.global(), date);
+        up.sample_clock(shared.sources(), date);
     }
 }

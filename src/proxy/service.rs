@@ -95,12 +95,13 @@ impl<S> Admission<S> {
                 &shared,
                 &snapshot,
                 None,
+                None,
                 Rejection::BadFraming(why),
             ));
         }
         match crate::edge::target::local_answer(&mut req) {
             Some(Local::Reject(rejection)) => {
-                return ResponseFuture::ready(reject(&shared, &snapshot, None, *rejection));
+                return ResponseFuture::ready(reject(&shared, &snapshot, None, None, *rejection));
             }
             Some(Local::ServerOptions) => {
                 return ResponseFuture::ready(crate::edge::rejection::server_options());
@@ -126,7 +127,7 @@ impl<S> Admission<S> {
             let rejection = Rejection::PayloadTooLarge {
                 limit: shared.settings.max_body,
             };
-            return ResponseFuture::ready(reject(&shared, &snapshot, stream, rejection));
+            return ResponseFuture::ready(reject(&shared, &snapshot, stream, None, rejection));
         }
         let sheddable = match reading.known {
             None => true,
@@ -151,8 +152,7 @@ impl<S> Admission<S> {
             let class = snapshot.policy.class_of(stream);
             if capped(up, &snapshot.policy, class) {
                 return ResponseFuture::boxed(async move {
-                    let up = &shared.upstreams[upstream];
-                    match hold_for_room(&shared, up, &snapshot, stream, class).await {
+                    match hold_for_room(&shared, upstream, &snapshot, stream, class).await {
                         Ok(reserved) => {
                             // The body deadline starts after the wait, not before it.
                             let req = stream_through(&shared, req);

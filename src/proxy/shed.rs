@@ -10,16 +10,16 @@ use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
-use crate::upstream::Upstream;
+use crate::upstream::UpstreamId;
 
 /// Sheds a request for `reason`, decided outside [`crate::admission::decide`] (a capped
 /// class's wait ran out: [`ShedReason::Budget`]; the buffered bytes ran out:
 /// [`ShedReason::Memory`]): 503 + `Retry-After` with the explanation (at the pressure of
-/// `up`, the request's upstream), counted like any shed, and logged. The sender keeps the
+/// `upstream`, the request's), counted like any shed, and logged. The sender keeps the
 /// event and resends.
 pub(super) fn shed_outside_decide(
     shared: &Shared,
-    up: &Upstream,
+    upstream: UpstreamId,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     reason: ShedReason,
@@ -43,11 +43,11 @@ pub(super) fn shed_outside_decide(
         | ShedReason::Superseded
         | ShedReason::Pressure => {}
     }
-    let pressure = up.pressure.pressure();
+    let pressure = shared.upstreams[upstream].pressure.pressure();
     let decision = crate::admission::Decision::shed_by(reason, policy, pressure);
     let m = &snapshot.metrics;
     m.shed(stream, None, decision.verdict);
-    m.request(stream, Outcome::Shed);
+    m.request(stream, Some(upstream), Outcome::Shed);
     m.counts(stream).shed(reason, shared.sources().now());
     let mut response = Rejection::Shed {
         explanation: Explanation::new(policy, name, &decision),

@@ -104,7 +104,7 @@ mod tests {
             latency_target: Duration::from_millis(50),
             tuning: &crate::pressure::Tuning::DEFAULT,
         }));
-        Upstream::new(name, proxy, gauge, None)
+        Upstream::new(name, proxy, gauge, None, &crate::metrics::Metrics::new())
     }
 
     fn request() -> Request<ForwardBody> {

@@ -1,5 +1,5 @@
 //! Everything one upstream owns: its client, its pressure, its class and freshness budgets,
-//! its clock, and how its load reports are read. Nothing here is shared between upstreams
+//! its clock, how its load reports are read, and its metric series. Nothing here is shared between upstreams
 //! (one control loop per resource it protects); what one process shares (the policy, the
 //! buffered-bytes budget, the device table, the descriptors) lives elsewhere.
 
@@ -13,7 +13,7 @@ use super::load_report::LoadReportField;
 use crate::admission::Load;
 use crate::clock::Sources;
 use crate::clock::skew::{Change, ClockSkew};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::pressure::PressureGauge;
 
 /// One upstream and the state it owns: the requests bound to it are decided against its
@@ -34,6 +34,9 @@ pub struct Upstream {
     pub skew: ClockSkew,
     /// The ORCA metric read from its answers as its utilisation (`--load-report`), if any.
     pub load_report: Option<LoadReportField>,
+    /// Its series, labelled `upstream="NAME"`: pressure, in-flight count, rank cut-off,
+    /// shedding seconds, latency, clock and load reports.
+    pub metrics: UpstreamMetrics,
     /// Whether an unreadable load report was logged at warn yet (later ones log at debug;
     /// the counter counts them all).
     load_report_warned: AtomicBool,
@@ -43,12 +46,14 @@ pub struct Upstream {
 
 impl Upstream {
     /// An upstream named `name`, reached through `proxy`, steered by `pressure`, reading
-    /// `load_report` from its answers; its budgets empty and its clock not yet sampled.
+    /// `load_report` from its answers, its series registered in `metrics`; its budgets empty
+    /// and its clock not yet sampled.
     pub fn new(
         name: &str,
         proxy: Proxy,
         pressure: Arc<PressureGauge>,
         load_report: Option<LoadReportField>,
+        metrics: &Metrics,
     ) -> Self {
         Upstream {
             name: name.into(),
@@ -58,6 +63,7 @@ impl Upstream {
             freshness: Arc::new(FreshnessBudget::default()),
             skew: ClockSkew::default(),
             load_report,
+            metrics: UpstreamMetrics::new(metrics, name),
             load_report_warned: AtomicBool::new(false),
         }
     }
@@ -73,19 +79,16 @@ impl Upstream {
     /// correction: the gauges, and one log line when it engages, is released, or is
     /// disbelieved. A response without `Date`, or within a second of the last sample, costs
     /// a header lookup or a clock read (of `sources`) and one atomic load.
-    pub fn sample_clock(
-        &self,
-        sources: &Sources,
-        metrics: &Metrics,
-        date: Option<&http::HeaderValue>,
-    ) {
+    pub fn sample_clock(&self, sources: &Sources, date: Option<&http::HeaderValue>) {
         let Some(change) = date.and_then(|d| self.skew.sample(sources.now(), d)) else {
             return;
         };
         if let Some(ms) = self.skew.estimate() {
-            metrics.clock_offset.set(crate::clock::millis_to_secs(ms));
+            self.metrics
+                .clock_offset
+                .set(crate::clock::millis_to_secs(ms));
         }
-        metrics
+        self.metrics
             .clock_corrected
             .set(if self.skew.corrected() { 1.0 } else { 0.0 });
         match change {
@@ -110,7 +113,7 @@ impl Upstream {
     /// one is read (`--load-report`); a report that is there but unreadable is counted,
     /// logged (at warn the first time, then at debug), and not read: the controller steers
     /// on its own readings while none is fresh.
-    pub fn read_load_report(&self, metrics: &Metrics, headers: &http::HeaderMap) {
+    pub fn read_load_report(&self, headers: &http::HeaderMap) {
         let Some(field) = &self.load_report else {
             return;
         };
@@ -118,10 +121,10 @@ impl Upstream {
             Ok(None) => {}
             Ok(Some(utilisation)) => {
                 self.pressure.record_load_report(utilisation);
-                metrics.load_report(true);
+                self.metrics.load_report(true);
             }
             Err(error) => {
-                metrics.load_report(false);
+                self.metrics.load_report(false);
                 if self.load_report_warned.swap(true, Ordering::Relaxed) {
                     tracing::debug!(%error, "upstream load report not read");
                 } else {

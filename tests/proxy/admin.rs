@@ -22,7 +22,10 @@ async fn pressure_can_be_pinned_unpinned_and_read() {
     assert!(v["controller"]["latency_target_ms"].as_f64().is_some());
     assert!(v["controller"]["concurrency_share"].as_f64().is_some());
     let m = scrape(&proxy).await;
-    assert_eq!(metric(&m, "shedgate_pressure_pinned", &[]), 1.0);
+    assert_eq!(
+        metric(&m, "shedgate_pressure_pinned", &[("upstream", "default")]),
+        1.0
+    );
     let req = Request::delete(format!("http://{}/pressure", proxy.admin_addr))
         .body(Full::new(Bytes::new()))
         .unwrap();
@@ -127,7 +130,11 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
         metric(
             &m,
             "shedgate_requests_total",
-            &[("stream", "unknown"), ("outcome", "forwarded")]
+            &[
+                ("stream", "unknown"),
+                ("outcome", "forwarded"),
+                ("upstream", "default")
+            ]
         ),
         2.0
     );
@@ -135,7 +142,11 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
         metric(
             &m,
             "shedgate_requests_total",
-            &[("stream", "vehicle.position"), ("outcome", "shed")]
+            &[
+                ("stream", "vehicle.position"),
+                ("outcome", "shed"),
+                ("upstream", "default")
+            ]
         ),
         2.0
     );
@@ -155,8 +166,21 @@ async fn metrics_expose_the_catalog_with_policy_names_only() {
         !m.contains("841f1d5ffffffff"),
         "cell ids never become labels"
     );
-    assert_eq!(metric(&m, "shedgate_pressure", &[]), 0.75);
-    assert_eq!(metric(&m, "shedgate_rank_cutoff", &[]), 25.0);
+    assert_eq!(
+        metric(&m, "shedgate_pressure", &[("upstream", "default")]),
+        0.75
+    );
+    // The upstream's series carry its name, and only labelled series exist.
+    assert!(
+        !m.lines()
+            .any(|l| l.starts_with("shedgate_pressure ")
+                || l.starts_with("shedgate_inflight_requests ")),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "shedgate_rank_cutoff", &[("upstream", "default")]),
+        25.0
+    );
     assert!(
         m.contains("shedgate_upstream_latency_seconds_bucket"),
         "histogram with buckets"

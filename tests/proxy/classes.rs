@@ -431,7 +431,7 @@ class = "critical"
         metric(
             &m,
             "shedgate_requests_total",
-            &[("outcome", "upstream_error")]
+            &[("upstream", "default"), ("outcome", "upstream_error")]
         ),
         3.0
     );

@@ -101,10 +101,24 @@ async fn a_local_clock_ahead_is_corrected_by_the_upstreams_date() {
         "forwarded after the first seconds: {statuses:?}"
     );
     let m = scrape(&w.proxy).await;
-    let offset = metric(&m, "shedgate_clock_offset_seconds", &[]);
+    let offset = metric(
+        &m,
+        "shedgate_clock_offset_seconds",
+        &[("upstream", "default")],
+    );
     assert!((-91.5..=-88.5).contains(&offset), "{offset}");
-    assert_eq!(metric(&m, "shedgate_clock_corrected", &[]), 1.0);
-    assert!(metric(&m, "shedgate_clock_probes_total", &[]) >= 1.0, "{m}");
+    assert_eq!(
+        metric(&m, "shedgate_clock_corrected", &[("upstream", "default")]),
+        1.0
+    );
+    assert!(
+        metric(
+            &m,
+            "shedgate_clock_probes_total",
+            &[("upstream", "default")]
+        ) >= 1.0,
+        "{m}"
+    );
     // Probes are OPTIONS *, never an event.
     let probes = w
         .upstream
@@ -142,9 +156,16 @@ async fn a_local_clock_behind_is_corrected_too() {
         w.advance(1_000);
     }
     let m = scrape(&w.proxy).await;
-    let offset = metric(&m, "shedgate_clock_offset_seconds", &[]);
+    let offset = metric(
+        &m,
+        "shedgate_clock_offset_seconds",
+        &[("upstream", "default")],
+    );
     assert!((88.5..=91.5).contains(&offset), "{offset}");
-    assert_eq!(metric(&m, "shedgate_clock_corrected", &[]), 1.0);
+    assert_eq!(
+        metric(&m, "shedgate_clock_corrected", &[("upstream", "default")]),
+        1.0
+    );
     assert_eq!(w.send(45_000).await, StatusCode::ACCEPTED);
     w.assert_backlog_stale().await;
 }
@@ -161,6 +182,17 @@ async fn with_the_right_clock_a_backlog_is_stale() {
         w.advance(1_000);
     }
     let m = scrape(&w.proxy).await;
-    assert_eq!(metric(&m, "shedgate_clock_corrected", &[]), 0.0);
-    assert!(metric(&m, "shedgate_clock_offset_seconds", &[]).abs() <= 1.0);
+    assert_eq!(
+        metric(&m, "shedgate_clock_corrected", &[("upstream", "default")]),
+        0.0
+    );
+    assert!(
+        metric(
+            &m,
+            "shedgate_clock_offset_seconds",
+            &[("upstream", "default")]
+        )
+        .abs()
+            <= 1.0
+    );
 }

@@ -80,12 +80,20 @@ async fn an_answer_before_the_body_ended_is_not_a_latency_sample() {
     );
     let m = scrape(&proxy).await;
     assert_eq!(
-        metric(&m, "shedgate_requests_total", &[("outcome", "forwarded")]),
+        metric(
+            &m,
+            "shedgate_requests_total",
+            &[("upstream", "default"), ("outcome", "forwarded")]
+        ),
         80.0,
         "early answers are forwarded answers"
     );
     assert_eq!(
-        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        metric(
+            &m,
+            "shedgate_upstream_latency_seconds_count",
+            &[("upstream", "default")]
+        ),
         60.0,
         "only the answers given after their body are latencies"
     );
@@ -168,11 +176,21 @@ async fn a_malformed_chunk_on_a_streamed_body_is_the_clients_fault() {
     let m = scrape(&proxy).await;
     assert_eq!(proxy_errors(&m, "bad_request"), 3.0);
     assert_eq!(proxy_errors(&m, "bad_gateway"), 0.0);
-    let outcome = |o| metric(&m, "shedgate_requests_total", &[("outcome", o)]);
+    let outcome = |o| {
+        metric(
+            &m,
+            "shedgate_requests_total",
+            &[("upstream", "default"), ("outcome", o)],
+        )
+    };
     assert_eq!(outcome("rejected"), 3.0);
     assert_eq!(outcome("upstream_error"), 0.0);
     assert_eq!(
-        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        metric(
+            &m,
+            "shedgate_upstream_latency_seconds_count",
+            &[("upstream", "default")]
+        ),
         0.0
     );
     // The case file: the same, with the `+5` as the body's first chunk.
@@ -309,11 +327,19 @@ async fn an_unsolicited_101_from_the_upstream_is_a_bad_gateway() {
     let m = scrape(&proxy).await;
     assert_eq!(proxy_errors(&m, "bad_gateway"), 2.0);
     assert_eq!(
-        metric(&m, "shedgate_requests_total", &[("outcome", "forwarded")]),
+        metric(
+            &m,
+            "shedgate_requests_total",
+            &[("upstream", "default"), ("outcome", "forwarded")]
+        ),
         0.0
     );
     assert_eq!(
-        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        metric(
+            &m,
+            "shedgate_upstream_latency_seconds_count",
+            &[("upstream", "default")]
+        ),
         0.0
     );
 }

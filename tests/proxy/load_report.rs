@@ -64,7 +64,7 @@ async fn a_load_report_reaches_the_controller_and_is_counted() {
     let read = metric(
         &text,
         "shedgate_upstream_load_reports_total",
-        &[("outcome", "read")],
+        &[("upstream", "default"), ("outcome", "read")],
     );
     assert!((read - 5.0).abs() < f64::EPSILON, "{read}");
 }
@@ -78,7 +78,7 @@ async fn an_unreadable_load_report_is_counted_and_the_answer_passes() {
         metric(
             &text,
             "shedgate_upstream_load_reports_total",
-            &[("outcome", outcome)],
+            &[("upstream", "default"), ("outcome", outcome)],
         )
     };
     assert!((count("invalid") - 3.0).abs() < f64::EPSILON, "{text}");
@@ -102,7 +102,13 @@ async fn without_the_flag_a_report_is_not_read() {
     );
     let text = scrape(&proxy).await;
     assert!(
-        metric(&text, "shedgate_upstream_load_reports_total", &[]).abs() < f64::EPSILON,
+        metric(
+            &text,
+            "shedgate_upstream_load_reports_total",
+            &[("upstream", "default")]
+        )
+        .abs()
+            < f64::EPSILON,
         "{text}"
     );
 }

@@ -237,6 +237,27 @@ async fn declared_body_over_the_limit_is_413() {
         StatusCode::OK
     );
     assert_eq!(upstream.count(), 1);
+    // Refused before an upstream was chosen for them: counted at `upstream="none"`; the one
+    // forwarded at the upstream it went to.
+    let m = scrape(&proxy).await;
+    for stream in ["vehicle.position", "feature.boundary_edit"] {
+        let labels = [
+            ("stream", stream),
+            ("outcome", "rejected"),
+            ("upstream", "none"),
+        ];
+        assert_eq!(metric(&m, "shedgate_requests_total", &labels), 1.0, "{m}");
+    }
+    let forwarded = [
+        ("stream", "vehicle.position"),
+        ("outcome", "forwarded"),
+        ("upstream", "default"),
+    ];
+    assert_eq!(
+        metric(&m, "shedgate_requests_total", &forwarded),
+        1.0,
+        "{m}"
+    );
 }
 
 /// A chunked body (no Content-Length) that streams past the limit.
@@ -475,7 +496,11 @@ async fn slow_never_stream_body_is_408_not_504() {
     assert_eq!(proxy_errors(&m, "gateway_timeout"), 0.0);
     assert_eq!(proxy_errors(&m, "body_timeout"), 1.0);
     assert_eq!(
-        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        metric(
+            &m,
+            "shedgate_upstream_latency_seconds_count",
+            &[("upstream", "default")]
+        ),
         0.0
     );
 }

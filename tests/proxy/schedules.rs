@@ -68,7 +68,7 @@ async fn an_open_window_raises_pressure_to_its_floor() {
         1.0
     );
     assert!(text.contains("shedgate_schedule_active{schedule=\"friday-evening\"} 0"));
-    assert!(metric(&text, "shedgate_pressure", &[]) >= 0.9);
+    assert!(metric(&text, "shedgate_pressure", &[("upstream", "default")]) >= 0.9);
     // An operator's pin wins over the schedule.
     pin(&proxy, 0.0).await;
     let pinned = post(&proxy, "vehicle.position", event(MUNICH, 0)).await;

@@ -151,7 +151,11 @@ async fn case_duplicate_host() {
     assert_eq!(exchange(&s.proxy, old).await.status, 200);
     let m = scrape(&s.proxy).await;
     assert_eq!(
-        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        metric(
+            &m,
+            "shedgate_upstream_latency_seconds_count",
+            &[("upstream", "default")]
+        ),
         1.0,
         "{m}"
     );
@@ -180,7 +184,11 @@ async fn case_connect_method_and_server_options_are_answered_locally() {
     );
     let m = scrape(&s.proxy).await;
     assert_eq!(
-        metric(&m, "shedgate_upstream_latency_seconds_count", &[]),
+        metric(
+            &m,
+            "shedgate_upstream_latency_seconds_count",
+            &[("upstream", "default")]
+        ),
         0.0
     );
 }
