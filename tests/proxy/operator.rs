@@ -64,6 +64,41 @@ fn the_grafana_dashboard_queries_only_declared_metrics() {
     ] {
         assert!(named.contains(wanted), "no panel shows {wanted}");
     }
+    // Each upstream has its own controller: an `upstream` variable, and every query of a
+    // per-upstream series filters by it and keeps it apart.
+    let variables = dash["templating"]["list"].as_array().expect("variables");
+    let upstream = variables
+        .iter()
+        .find(|v| v["name"] == "upstream")
+        .expect("an upstream variable");
+    assert!(
+        upstream["query"]
+            .as_str()
+            .is_some_and(|q| q.contains(", upstream)")),
+        "{upstream}"
+    );
+    for expr in &exprs {
+        let per_upstream = [
+            "shedgate_pressure{",
+            "shedgate_rank_cutoff{",
+            "shedgate_inflight_requests{",
+            "shedgate_upstream_latency_seconds_bucket{",
+            "shedgate_clock_offset_seconds{",
+        ];
+        if per_upstream.iter().any(|m| expr.contains(m)) {
+            assert!(expr.contains("upstream=~\"$upstream\""), "{expr}");
+            assert!(
+                expr.contains("by (instance, upstream)") || expr.contains("by (upstream, le)"),
+                "{expr} sums the upstreams together"
+            );
+        }
+    }
+    assert!(
+        exprs
+            .iter()
+            .any(|e| e.contains("shedgate_requests_total") && e.contains("sum by (upstream)")),
+        "no panel shows the share shed per upstream"
+    );
 }
 
 /// Runs `shedgate ARGS`; returns the exit code, stdout and stderr.
