@@ -61,7 +61,8 @@
 //!   (`edge::refusal`).
 //! - [`upstream`]: [`upstream::Upstream`]: everything one upstream owns — its pooled client,
 //!   its pressure (one controller per upstream, never shared), its class and freshness
-//!   budgets, its clock skew, its load-report reading; [`upstream::Upstreams`], the table
+//!   budgets, its clock skew, its load-report reading, its metric series
+//!   ([`metrics::UpstreamMetrics`], labelled `upstream`); [`upstream::Upstreams`], the table
 //!   the request path, the pressure tick and the admin listener reach each one by
 //!   ([`upstream::UpstreamId`]); [`upstream::Dispatch`], the stack's innermost service,
 //!   sending each request to the upstream admission chose for it. And the client's header
