@@ -200,6 +200,7 @@ fn main() {
             snapshot: Arc::clone(&snapshot),
             note: Note {
                 stream: Some(sheddable),
+                upstream: Some(shedgate::policy::UpstreamId::DEFAULT),
                 outcome: Some(Outcome::Shed),
                 reason: Some("pressure"),
                 rule: Some(decision.rule),

@@ -75,6 +75,11 @@ struct ExplainArgs {
     /// Stream name.
     #[arg(long)]
     stream: String,
+    /// The route the request comes on, by its path prefix as the policy writes it: its
+    /// `upstream` wins over the stream's (only where it goes is read from it: the facts still
+    /// come from the stream's pointers) [default: no route].
+    #[arg(long, value_name = "PREFIX")]
+    route: Option<String>,
     /// A request body to read the facts from (by the stream's pointers).
     #[arg(long, conflicts_with_all = ["lat", "lon"])]
     body: Option<PathBuf>,
@@ -371,6 +376,25 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     }
     let p = &compiled.policy;
     let stream = p.stream(&args.stream);
+    let route = match &args.route {
+        None => None,
+        Some(prefix) => match p.routes().iter().position(|r| r.prefix == *prefix) {
+            Some(i) => Some(i),
+            None => {
+                let known: Vec<&str> = p.routes().iter().map(|r| r.prefix.as_str()).collect();
+                return fail(format!(
+                    "--route {prefix:?} is not a route of the policy (its routes: {})",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+        },
+    };
+    // The upstream the request goes to: its pressure is the one given.
+    let upstream = p.upstream_of(route, stream);
     let now = match &args.at {
         None => Sources::system().now(),
         Some(text) => match text.parse::<jiff::Timestamp>() {
@@ -432,7 +456,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         admission::decide(p, stream, &facts, now, pressure, args.draw, &load, device);
     decision.schedule = schedule;
     let name = stream.map(|id| p.stream_policy(id).name.as_str());
-    let explanation = Explanation::new(p, name, &decision);
+    let explanation = Explanation::new(p, name, upstream, &decision);
     if args.json {
         match serde_json::to_string_pretty(&explanation) {
             Ok(s) => println!("{s}"),
@@ -462,6 +486,17 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             args.stream
         ),
     }
+    println!(
+        "upstream:    {}{}",
+        e.upstream,
+        match route.filter(|&i| p.routes()[i].upstream.is_some()) {
+            Some(i) => format!(" (route {}'s: --pressure is its)", p.routes()[i].prefix),
+            None if stream.is_some_and(|id| p.stream_policy(id).upstream.is_some()) => {
+                " (the stream's: --pressure is its)".to_owned()
+            }
+            None => " (--upstream: neither route nor stream names another)".to_owned(),
+        }
+    );
     println!("coordinates: {:?}", facts.coordinates);
     println!("area:        {} (rank {})", e.area, e.rank);
     if let Some(age) = e.age_seconds {

@@ -110,6 +110,9 @@ pub struct Explanation {
     pub stream: String,
     /// The stream's class (`critical` for unknown streams).
     pub class: &'static str,
+    /// The upstream the request was bound for, by the policy's name (`default`: `--upstream`):
+    /// `pressure` is that upstream's.
+    pub upstream: String,
     /// The area name, or `unconfigured`.
     pub area: String,
     /// The rank used, 1..=100.
@@ -133,8 +136,13 @@ pub struct Explanation {
 
 impl Explanation {
     /// Explains `decision`, taken under `policy` for the stream named `stream` (`None`:
-    /// unknown).
-    pub fn new(policy: &Policy, stream: Option<&str>, decision: &Decision) -> Self {
+    /// unknown) bound for `upstream` (an id `policy` issued), at that upstream's pressure.
+    pub fn new(
+        policy: &Policy,
+        stream: Option<&str>,
+        upstream: crate::policy::UpstreamId,
+        decision: &Decision,
+    ) -> Self {
         use crate::admission::Verdict;
         let (verdict, would) = match decision.verdict {
             Verdict::Admit => ("admit", None),
@@ -152,6 +160,11 @@ impl Explanation {
                     policy.stream_policy(id).class
                 })
                 .as_str(),
+            upstream: policy
+                .upstreams()
+                .get(upstream.index())
+                .map_or(crate::policy::DEFAULT_UPSTREAM, |u| u.name.as_str())
+                .to_owned(),
             area: decision.area.map_or_else(
                 || crate::policy::UNCONFIGURED_AREA.to_owned(),
                 |a| policy.area(a).name.clone(),

@@ -90,6 +90,9 @@ where
                 ..Note::default()
             })
     });
+    if let Some(note) = &mut note {
+        note.upstream = Some(upstream);
+    }
     let class = snapshot.policy.class_of(stream);
     let counts = snapshot.metrics.counts(stream);
     counts.accepted(shared.sources().now());

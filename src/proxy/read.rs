@@ -252,6 +252,7 @@ where
     // The access log's note: the decision and every input it read.
     let note = shared.recording().then(|| Note {
         stream,
+        upstream: Some(upstream),
         outcome: None,
         reason: None,
         rule: Some(decision.rule),
@@ -303,7 +304,7 @@ where
     );
     match decision.verdict {
         Verdict::Shed(reason) => {
-            let explanation = Explanation::new(policy, name, &decision);
+            let explanation = Explanation::new(policy, name, upstream, &decision);
             let rejection = if reason.superseded() {
                 Rejection::Stale {
                     reason,

@@ -50,12 +50,13 @@ pub(super) fn shed_outside_decide(
     m.request(stream, Some(upstream), Outcome::Shed);
     m.counts(stream).shed(reason, shared.sources().now());
     let mut response = Rejection::Shed {
-        explanation: Explanation::new(policy, name, &decision),
+        explanation: Explanation::new(policy, name, upstream, &decision),
         retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
     }
     .into_response();
     shared.note(&mut response, || Note {
         stream,
+        upstream: Some(upstream),
         outcome: Some(Outcome::Shed),
         reason: Some(reason.as_str()),
         rule: Some(decision.rule),

@@ -103,6 +103,15 @@ impl Formatter {
         }
         key(out, "class");
         plain(out, policy.class_of(note.stream).as_str());
+        // Named from the policy the request was routed by (the entry's snapshot), never
+        // looked up on the request path.
+        if let Some(spec) = note
+            .upstream
+            .and_then(|id| policy.upstreams().get(id.index()))
+        {
+            key(out, "upstream");
+            plain(out, &spec.name);
+        }
         key(out, "status");
         number(out, entry.status);
         let outcome = note.outcome.unwrap_or_else(|| {

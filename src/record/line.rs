@@ -13,7 +13,7 @@ use crate::clock::UnixMillis;
 use crate::extract::{BodyState, Facts};
 use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
-use crate::policy::StreamId;
+use crate::policy::{StreamId, UpstreamId};
 use crate::pressure::Pressure;
 
 /// What the request path's stages know of one request when it is answered, carried in the
@@ -22,6 +22,10 @@ use crate::pressure::Pressure;
 pub struct Note {
     /// The stream, `None` when unknown or not yet known.
     pub stream: Option<StreamId>,
+    /// The upstream it was bound for, whose pressure it was decided at (an id of the policy
+    /// the line is written with, named at write time); `None` when answered before routing (a
+    /// head, framing or size refused, a body that could not be read).
+    pub upstream: Option<UpstreamId>,
     /// The outcome (`None`: read from the status).
     pub outcome: Option<Outcome>,
     /// Why it was not forwarded, or how forwarding failed: a shed reason
@@ -233,6 +237,12 @@ pub struct Line<'a> {
     /// The stream's priority class.
     #[serde(borrow)]
     pub class: Cow<'a, str>,
+    /// The upstream it was bound for, by the policy's name (`[upstreams.NAME]`, or `default`),
+    /// whose pressure and load it was decided at; absent when answered before routing. A line
+    /// written before upstreams were named has none, and was bound for `default`
+    /// ([`Line::bound_for`]).
+    #[serde(borrow, default)]
+    pub upstream: Option<Cow<'a, str>>,
     /// The status answered.
     pub status: u16,
     /// `forwarded`, `shed`, `rejected` or `upstream_error`.
@@ -335,6 +345,17 @@ pub struct Line<'a> {
     /// Response body bytes, as its `Content-Length` states.
     #[serde(default)]
     pub response_bytes: Option<u64>,
+}
+
+impl Line<'_> {
+    /// The upstream a routed line was bound for: its `upstream`, else `default` (a line
+    /// written before the access log named upstreams, when every request went to
+    /// `--upstream`).
+    pub fn bound_for(&self) -> &str {
+        self.upstream
+            .as_deref()
+            .unwrap_or(crate::policy::DEFAULT_UPSTREAM)
+    }
 }
 
 /// How a line names a body state.
