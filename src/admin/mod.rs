@@ -310,10 +310,12 @@ async fn device(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
         return problem(StatusCode::BAD_REQUEST, "Which device?", "give id");
     };
     let key = crate::extract::DeviceId::of(&scope, &id);
+    let upstream = device_upstream(policy, route.as_deref(), stream.as_deref());
     match s.devices.view(key, s.store.sources().now()) {
         Some(view) => Json(serde_json::json!({
             "scope": scope,
             "id": id,
+            "upstream": upstream,
             "device": view,
         }))
         .into_response(),
@@ -326,6 +328,34 @@ async fn device(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
             ),
         ),
     }
+}
+
+/// The upstream a device's requests go to, by name: a stream's (else `default`); a route's
+/// own, else the stream it fixes, else `default` when no stream names an upstream. `None`
+/// for a route that names none and reads its stream from each request while the policy's
+/// streams go to different upstreams: each request's stream decides.
+fn device_upstream(
+    policy: &crate::policy::Policy,
+    route: Option<&str>,
+    stream: Option<&str>,
+) -> Option<String> {
+    let name = |id: crate::policy::UpstreamId| policy.upstream_spec(id).name.clone();
+    if let Some(id) = stream.and_then(|n| policy.stream(n)) {
+        return Some(name(policy.upstream_of(None, Some(id))));
+    }
+    let i = route.and_then(|r| policy.routes().iter().position(|x| x.prefix == r))?;
+    let r = &policy.routes()[i];
+    if let Some(id) = r.upstream {
+        return Some(name(id));
+    }
+    if let crate::policy::StreamSource::Fixed(fixed) = &r.mode_at(0).stream {
+        return Some(name(policy.upstream_of(Some(i), policy.stream(fixed))));
+    }
+    policy
+        .streams()
+        .iter()
+        .all(|s| s.upstream.is_none())
+        .then(|| name(crate::policy::UpstreamId::DEFAULT))
 }
 
 fn until_text(d: crate::policy::Disable) -> Option<String> {
