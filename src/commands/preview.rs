@@ -208,17 +208,17 @@ fn print_report(text: &str, json: bool) {
         report["seconds"].as_f64().unwrap_or(0.0)
     );
     println!(
-        "{:<24} {:<20} {:>6} {:>12} {:>12} {:>12} {:>12} {:>11}",
-        "stream", "area", "band", "admitted", "shed", "admitted", "shed", "undecidable"
+        "{:<24} {:<20} {:>6} {:>12} {:>12} {:>12} {:>12} {:>11} {:>7}",
+        "stream", "area", "band", "admitted", "shed", "admitted", "shed", "undecidable", "moved"
     );
     println!(
-        "{:<24} {:<20} {:>6} {:>12} {:>12} {:>12} {:>12} {:>11}",
-        "", "", "", "(live)", "(live)", "(candidate)", "(candidate)", ""
+        "{:<24} {:<20} {:>6} {:>12} {:>12} {:>12} {:>12} {:>11} {:>7}",
+        "", "", "", "(live)", "(live)", "(candidate)", "(candidate)", "", ""
     );
     for row in report["rows"].as_array().into_iter().flatten() {
         let n = |k: &str| row[k].as_f64().unwrap_or(0.0);
         println!(
-            "{:<24} {:<20} {:>6} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>11.0}",
+            "{:<24} {:<20} {:>6} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>11.0} {:>7.0}",
             row["stream"].as_str().unwrap_or("?"),
             row["area"].as_str().unwrap_or("?"),
             row["band"].as_str().unwrap_or("?"),
@@ -227,6 +227,18 @@ fn print_report(text: &str, json: bool) {
             n("now_admitted"),
             n("now_shed"),
             n("undecidable"),
+            n("moved"),
+        );
+    }
+    if report["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|row| row["moved"].as_f64().unwrap_or(0.0) > 0.0)
+    {
+        println!(
+            "moved: requests the candidate sends to another upstream than the live one, not \
+             decided (that upstream's pressure is not the one the live decision read)"
         );
     }
 }

@@ -238,6 +238,7 @@ where
         &Live {
             stream: stream.map(|id| policy.stream_policy(id).name.as_str()),
             route: route.map(|i| policy.routes()[i].prefix.as_str()),
+            upstream: &up.name,
             facts: &facts,
             now,
             local: local_now,

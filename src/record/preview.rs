@@ -6,7 +6,10 @@
 //!
 //! The candidate's areas, ranks, curve, classes, budgets, modes, schedules and streams'
 //! classes and supersession apply; its routes and read modes do not (a request is read once,
-//! the live way). A live stream the candidate does not name is unknown to it, so never shed.
+//! the live way), but its routes' and streams' `upstream` do: a request the candidate sends to
+//! another upstream than the live one is counted `moved`, never decided, as that upstream's
+//! pressure is not the one the live decision read. A live stream the candidate does not name
+//! is unknown to it, so never shed.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -40,8 +43,10 @@ pub struct Live<'a> {
     /// The stream's name, when the live policy names it.
     pub stream: Option<&'a str>,
     /// The route's prefix, when a live route matched (the candidate's own route of it sets
-    /// its `max_silence`).
+    /// its `max_silence` and may name its upstream).
     pub route: Option<&'a str>,
+    /// The live upstream's name: the one whose pressure and load these are.
+    pub upstream: &'a str,
     /// The facts read.
     pub facts: &'a Facts,
     /// `now`, corrected as the live decision's.
@@ -126,6 +131,13 @@ impl Preview {
     pub fn shadow(&self, live: &Live<'_>) -> (Key, Side, Side) {
         let policy = &self.candidate;
         let stream = live.stream.and_then(|n| policy.stream(n));
+        let route = live.route.and_then(|p| policy.route_index(p));
+        if policy.upstream_spec(policy.upstream_of(route, stream)).name != live.upstream {
+            let key = Key::undecided(stream, policy);
+            let (then, now) = (Side::of(live.verdict), Side::Moved);
+            self.count(key, then, now);
+            return (key, then, now);
+        }
         let pressure = if live.pinned {
             live.pressure_raw
         } else {
@@ -134,10 +146,7 @@ impl Preview {
         // The candidate's freshness floor: its own `max_silence` and share, over the live
         // floor's admissions in flight and threshold.
         let mut load = live.load;
-        load.floor = match stream.and_then(|id| {
-            let route = live.route.and_then(|p| policy.route_index(p));
-            policy.max_silence(id, route)
-        }) {
+        load.floor = match stream.and_then(|id| policy.max_silence(id, route)) {
             Some(max) if live.device.is_some() => crate::admission::Floor {
                 inflight: live.load.floor.inflight,
                 threshold: live.load.floor.threshold,

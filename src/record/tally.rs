@@ -18,6 +18,9 @@ pub enum Side {
     /// Not decidable: the policy needs facts the request's body never gave (a body that
     /// streamed through unread).
     Undecidable,
+    /// Not decided: the policy counted sends it to another upstream than the one it was
+    /// decided at, whose pressure then is unknown (open loop: never guessed).
+    Moved,
 }
 
 impl Side {
@@ -29,12 +32,13 @@ impl Side {
         }
     }
 
-    /// `admitted`, `shed` or `undecidable`: the preview metric's label values.
+    /// `admitted`, `shed`, `undecidable` or `moved`: the preview metric's label values.
     pub fn as_str(self) -> &'static str {
         match self {
             Side::Admitted => "admitted",
             Side::Shed => "shed",
             Side::Undecidable => "undecidable",
+            Side::Moved => "moved",
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct Counts {
     pub now_shed: f64,
     /// Not decidable now.
     pub undecidable: f64,
+    /// Sent to another upstream now, so not decided (its pressure there is unknown).
+    pub moved: f64,
 }
 
 impl Counts {
@@ -90,12 +96,13 @@ impl Counts {
         match then {
             Side::Admitted => self.then_admitted += weight,
             Side::Shed => self.then_shed += weight,
-            Side::Undecidable => {}
+            Side::Undecidable | Side::Moved => {}
         }
         match now {
             Side::Admitted => self.now_admitted += weight,
             Side::Shed => self.now_shed += weight,
             Side::Undecidable => self.undecidable += weight,
+            Side::Moved => self.moved += weight,
         }
     }
 }
@@ -137,6 +144,7 @@ impl Tally {
             row.now_admitted += c.now_admitted;
             row.now_shed += c.now_shed;
             row.undecidable += c.undecidable;
+            row.moved += c.moved;
         }
     }
 
@@ -175,7 +183,7 @@ impl Tally {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
+            "{:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}",
             "stream",
             "area",
             "band",
@@ -184,19 +192,20 @@ impl Tally {
             "admitted",
             "shed",
             "undecidable",
+            "moved",
             "admitted/s"
         );
         let _ = writeln!(
             out,
-            "{:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
-            "", "", "", "(then)", "(then)", "(now)", "(now)", "(now)", "(now)"
+            "{:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}",
+            "", "", "", "(then)", "(then)", "(now)", "(now)", "(now)", "(now)", "(now)"
         );
         let mut total = Counts::default();
         for r in &rows {
             let c = r.counts;
             let _ = writeln!(
                 out,
-                "{:<24} {:<20} {:>6} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>11.0} {:>10.1}",
+                "{:<24} {:<20} {:>6} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>11.0} {:>10.0} {:>10.1}",
                 r.stream,
                 r.area,
                 r.band,
@@ -205,6 +214,7 @@ impl Tally {
                 c.now_admitted,
                 c.now_shed,
                 c.undecidable,
+                c.moved,
                 r.now_admitted_per_second
             );
             total.then_admitted += c.then_admitted;
@@ -212,6 +222,7 @@ impl Tally {
             total.now_admitted += c.now_admitted;
             total.now_shed += c.now_shed;
             total.undecidable += c.undecidable;
+            total.moved += c.moved;
         }
         let rate = if seconds > 0.0 {
             total.now_admitted / seconds
@@ -220,7 +231,7 @@ impl Tally {
         };
         let _ = writeln!(
             out,
-            "{:<24} {:<20} {:>6} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>11.0} {:>10.1}",
+            "{:<24} {:<20} {:>6} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>11.0} {:>10.0} {:>10.1}",
             "total",
             "",
             "",
@@ -229,6 +240,7 @@ impl Tally {
             total.now_admitted,
             total.now_shed,
             total.undecidable,
+            total.moved,
             rate
         );
         out

@@ -11,6 +11,11 @@
 //!   policy that makes its stream sheddable it is undecidable, counted, never guessed.
 //! - Answers not decided by the policy (rejections, a capped class's wait, the buffered-bytes
 //!   budget) are counted apart.
+//! - A decided line is replayed at its own upstream's recorded pressure and load (the line's
+//!   `upstream`; a line without one was bound for `default`). One the policy given sends to
+//!   another upstream (its route's or stream's `upstream` changed) is `moved`: that upstream's
+//!   pressure then is unknown, so it is counted, never decided (under the line's own policy it
+//!   is a mismatch).
 //!
 //! Facts come back from what a line holds: a point is its resolution-4 cell's centre, which
 //! is in the same cell, so the same area, under any areas file (areas are sets of
@@ -51,6 +56,9 @@ pub struct Stats {
     pub unread: u64,
     /// Answers no policy decided (rejections, budget waits, buffered-bytes sheds).
     pub outside: u64,
+    /// Decisions made under another policy that the policy given sends to another upstream:
+    /// not decided, as that upstream's pressure then is unknown (open loop).
+    pub moved: u64,
 }
 
 /// A decision that did not come out the same under its own policy.
@@ -165,6 +173,31 @@ impl<'p> Replay<'p> {
         };
         let recorded = recorded_verdict(&line).map_err(fail)?;
         let route = line.route.as_deref().and_then(|p| policy.route_index(p));
+        // Decided at its upstream's pressure: another upstream's is not in the line.
+        let bound = policy
+            .upstream_spec(policy.upstream_of(route, stream))
+            .name
+            .as_str();
+        if bound != line.bound_for() {
+            if same {
+                self.stats.mismatched += 1;
+                self.mismatches.push(Mismatch {
+                    line: number,
+                    recorded: format!(
+                        "{} at upstream {}",
+                        describe_line(&line, recorded),
+                        line.bound_for()
+                    ),
+                    replayed: format!("sent to upstream {bound}, not decided"),
+                });
+            } else {
+                self.stats.moved += 1;
+                self.widen(at);
+                let key = Key::undecided(stream, policy);
+                self.tally.add(key, Side::of(recorded), Side::Moved, weight);
+            }
+            return Ok(());
+        }
         let max_silence = stream.and_then(|id| policy.max_silence(id, route));
         let inputs = Inputs::of(&line, at, max_silence, policy.freshness_share()).map_err(fail)?;
         let pressure = if inputs.pinned {
@@ -196,15 +229,22 @@ impl<'p> Replay<'p> {
             }
         } else {
             self.stats.compared += 1;
-            self.span = Some(match self.span {
-                None => (at, at),
-                Some((first, last)) => (first.min(at), last.max(at)),
-            });
+            self.widen(at);
             let key = Key::of(stream, &decision);
             self.tally
                 .add(key, Side::of(recorded), Side::of(decision.verdict), weight);
         }
         Ok(())
+    }
+}
+
+impl Replay<'_> {
+    /// Widens the compared lines' span to `at`.
+    fn widen(&mut self, at: UnixMillis) {
+        self.span = Some(match self.span {
+            None => (at, at),
+            Some((first, last)) => (first.min(at), last.max(at)),
+        });
     }
 }
 

@@ -211,6 +211,14 @@ impl<'p> Run<'p> {
                 format!(" ({})", others.join(", "))
             }
         );
+        if s.moved > 0 {
+            let _ = writeln!(
+                out,
+                "  sent to another upstream:     {} of the other policies' decisions: not \
+                 decided (open loop: that upstream's pressure then is unknown)",
+                s.moved
+            );
+        }
         let _ = writeln!(
             out,
             "  bodies streamed through unread: {} still never shed, {} undecidable under this \
@@ -248,7 +256,8 @@ impl<'p> Run<'p> {
                 out,
                 "\nThe other policies' decisions under {version}, over {:.1} s of traffic \
                  (open-loop: the recorded pressure is replayed; a policy that admits more \
-                 would in reality raise it):",
+                 would in reality raise it; `moved` ones it sends to another upstream, whose \
+                 pressure then is unknown, are not decided):",
                 r.seconds()
             );
             out.push_str(&r.tally.table(r.policy, r.seconds()));
