@@ -162,14 +162,15 @@ async fn lines_name_their_upstream_and_replay_counts_the_moved() {
         }
     }
     let decided = |pick: &dyn Fn(&serde_json::Value) -> bool| {
-        written
+        let n = written
             .iter()
             .filter(|l| l.get("draw").is_some() && pick(l))
-            .count() as u64
+            .count();
+        u32::try_from(n).unwrap()
     };
     let cargo_unrouted = decided(&|l| l["stream"] == "cargo.position" && l["route"].is_null());
     let all = decided(&|_| true);
-    assert_eq!(cargo_unrouted, n as u64);
+    assert_eq!(usize::try_from(cargo_unrouted).unwrap(), n);
 
     // Its own policy reproduces every decision, each at its upstream's pressure.
     let live = compiled(policy.path());
@@ -177,7 +178,7 @@ async fn lines_name_their_upstream_and_replay_counts_the_moved() {
     let run = Run::read(std::io::BufReader::new(file), &live).unwrap();
     let stats = run.replay.stats;
     assert_eq!(stats.mismatched, 0, "{:#?}", run.replay.mismatches);
-    assert_eq!((stats.reproduced, stats.moved), (all, 0));
+    assert_eq!((stats.reproduced, stats.moved), (u64::from(all), 0));
 
     // A candidate sending `cargo.position` to `tracking`: the cargo lines read without the
     // route are moved, never decided; the route's stay where the route sends them.
@@ -191,11 +192,15 @@ async fn lines_name_their_upstream_and_replay_counts_the_moved() {
     let stats = run.replay.stats;
     assert_eq!(
         (stats.moved, stats.compared, stats.mismatched),
-        (cargo_unrouted, all - cargo_unrouted, 0)
+        (
+            u64::from(cargo_unrouted),
+            u64::from(all - cargo_unrouted),
+            0
+        )
     );
     let rows = run.replay.tally.rows(&moving, 0.0);
     let moved: f64 = rows.iter().map(|r| r.counts.moved).sum();
-    assert_eq!(moved, cargo_unrouted as f64);
+    assert_eq!(moved, f64::from(cargo_unrouted));
     assert!(
         rows.iter()
             .filter(|r| r.counts.moved > 0.0)

@@ -110,7 +110,7 @@ impl<'p> Replay<'p> {
         }
     }
 
-    /// Seconds from the first compared line to the last (0 with fewer than two).
+    /// Seconds from the first compared (or moved) line to the last (0 with fewer than two).
     pub fn seconds(&self) -> f64 {
         #[expect(clippy::cast_precision_loss, reason = "milliseconds below 2^52")]
         self.span.map_or(0.0, |(first, last)| {
