@@ -47,6 +47,9 @@ pub enum StartError {
         /// What is wrong.
         message: String,
     },
+    /// The TLS certificate pair was refused (it changed since the config was checked).
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::edge::tls::pair::PairError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -285,6 +288,12 @@ pub async fn start_with(
         })?;
     let (shutdown, shutdown_rx) = watch::channel(false);
 
+    // TLS on the proxy listener: the pair checked and served from a live store.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|t| crate::edge::tls::Tls::new(t, Some(Arc::clone(&metrics))).map(Arc::new))
+        .transpose()?;
     let stack = build_stack(&config, &parts);
     let lame_duck = LameDuck::default();
     // Both listeners get the same timeouts and the same bounded drain: a half-sent head on
@@ -309,6 +318,7 @@ pub async fn start_with(
             }),
         descriptors: Arc::clone(&parts.descriptors),
         listener: Listener::Proxy,
+        tls: tls.clone(),
     };
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(serve::serve(
@@ -326,6 +336,7 @@ pub async fn start_with(
         records: parts.records.clone(),
         max_devices: config.max_devices,
         access: config.admin_access.clone(),
+        certificates: tls.as_ref().map(|t| Arc::clone(t.store())),
     });
     if !admin_addr.ip().to_canonical().is_loopback() && !config.admin_access.has_token() {
         tracing::info!(
@@ -341,6 +352,9 @@ pub async fn start_with(
             metrics: None,
             refusals: None,
             listener: Listener::Admin,
+            // Plain on purpose: its state-changing endpoints are for loopback, port-forwards
+            // and trusted networks (docs/operations.md "TLS").
+            tls: None,
             ..connections
         },
         shutdown_rx.clone(),
@@ -351,11 +365,20 @@ pub async fn start_with(
         shutdown_rx.clone(),
         Some(signals.hangups()),
     ));
+    if let Some(tls) = &tls {
+        tasks.push(crate::live::certificates::spawn(
+            Arc::clone(tls.store()),
+            config.policy_recheck,
+            shutdown_rx.clone(),
+            Some(signals.certificate_hangups()),
+        ));
+    }
     tasks.push(tokio::spawn(tick(parts.clone(), shutdown_rx)));
     tracing::info!(
         %proxy_addr,
         %admin_addr,
         upstream = %config.upstream,
+        tls = tls.is_some(),
         policy_version = parts.store.load().policy.version(),
         "shedgate serving"
     );

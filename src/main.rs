@@ -213,7 +213,7 @@ fn serve(args: ServeArgs, signals: Signals) -> ExitCode {
     };
     match runtime().block_on(shedgate::app::serve(config, signals)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ shedgate::app::StartError::Policy(_)) => {
+        Err(e @ (shedgate::app::StartError::Policy(_) | shedgate::app::StartError::Tls(_))) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }

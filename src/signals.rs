@@ -42,9 +42,10 @@ struct State {
     /// SIGTERM or SIGINT arrived while serving.
     terminated: AtomicBool,
     terminate: Notify,
-    /// A SIGHUP not yet taken by the reload task (any number of them).
-    hangup: AtomicBool,
-    hangups: Notify,
+    /// A SIGHUP not yet taken by each reload task (any number of them): the policy's
+    /// ([`POLICY`]) and the TLS certificate's ([`CERTIFICATE`]).
+    hangup: [AtomicBool; 2],
+    hangups: [Notify; 2],
     /// SIGUSR1s so far.
     reopen: AtomicU64,
     reopens: Notify,
@@ -90,7 +91,7 @@ impl Signals {
     /// For a command other than `serve`: SIGHUP exits (129), including one that already came.
     pub fn hangup_exits(&self) {
         self.0.hangup_exits.store(true, Ordering::SeqCst);
-        if self.0.hangup.load(Ordering::SeqCst) {
+        if self.0.hangup[POLICY].load(Ordering::SeqCst) {
             std::process::exit(128 + SIGHUP);
         }
     }
@@ -108,7 +109,12 @@ impl Signals {
 
     /// The SIGHUPs, for the policy reload task.
     pub fn hangups(&self) -> Hangups {
-        Hangups(Arc::clone(&self.0))
+        Hangups(Arc::clone(&self.0), POLICY)
+    }
+
+    /// The SIGHUPs, for the TLS certificate reload task (each task sees every SIGHUP).
+    pub fn certificate_hangups(&self) -> Hangups {
+        Hangups(Arc::clone(&self.0), CERTIFICATE)
     }
 
     /// How many SIGUSR1s have arrived.
@@ -147,9 +153,11 @@ impl State {
             }
             SIGHUP if self.hangup_exits.load(Ordering::SeqCst) => std::process::exit(128 + SIGHUP),
             SIGHUP => {
-                self.hangup.store(true, Ordering::SeqCst);
-                // One stored permit at most: a storm wakes the task once.
-                self.hangups.notify_one();
+                // One stored permit at most: a storm wakes each task once.
+                for (hangup, hangups) in self.hangup.iter().zip(&self.hangups) {
+                    hangup.store(true, Ordering::SeqCst);
+                    hangups.notify_one();
+                }
             }
             SIGUSR1 => {
                 self.reopen.fetch_add(1, Ordering::SeqCst);
@@ -163,16 +171,21 @@ impl State {
 /// The SIGHUPs, coalesced: [`Hangups::next`] resolves once for any number that arrived since
 /// it last resolved.
 #[derive(Debug)]
-pub struct Hangups(Arc<State>);
+pub struct Hangups(Arc<State>, usize);
+
+/// The policy reload task's slot of the SIGHUPs.
+const POLICY: usize = 0;
+/// The TLS certificate reload task's slot.
+const CERTIFICATE: usize = 1;
 
 impl Hangups {
     /// Resolves when one or more SIGHUPs are pending, and takes them all.
     pub async fn next(&mut self) {
         loop {
-            if self.0.hangup.swap(false, Ordering::SeqCst) {
+            if self.0.hangup[self.1].swap(false, Ordering::SeqCst) {
                 return;
             }
-            self.0.hangups.notified().await;
+            self.0.hangups[self.1].notified().await;
         }
     }
 }

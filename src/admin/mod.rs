@@ -48,6 +48,9 @@ pub struct AdminState {
     /// Who may address the listener, and the token (`--admin-allow-host`,
     /// `--admin-token-file`).
     pub access: guard::AdminAccess,
+    /// The proxy listener's TLS certificate pair, reloaded beside the policy by
+    /// `POST /reload` (`None`: plain HTTP).
+    pub certificates: Option<Arc<crate::edge::tls::pair::CertificateStore>>,
 }
 
 pub mod guard;
@@ -206,10 +209,41 @@ async fn policy(State(s): State<AdminState>) -> Response {
 
 /// `POST /reload`: reads and compiles the policy directory now; answers the outcome
 /// (`swapped` or `unchanged` with the version, 200) or the error (422 problem+json; the
-/// previous policy stays live).
+/// previous policy stays live). With TLS, the certificate pair is read again too: its outcome
+/// is the answer's `certificate` (`swapped`, `unchanged`), and a refused pair is a 422 whose
+/// detail names the file and the reason (the previous pair keeps serving).
 async fn reload(State(s): State<AdminState>) -> Response {
+    use crate::edge::tls::pair::Reload;
     use crate::live::store::ReloadOutcome;
     let outcome = crate::live::reload::reload(&s.store, crate::live::reload::Trigger::Admin).await;
+    let certificate = match &s.certificates {
+        Some(store) => Some(crate::live::certificates::reload(store).await),
+        None => None,
+    };
+    if let (Some(Reload::Refused(e)), false) = (
+        &certificate,
+        matches!(outcome, ReloadOutcome::Failed { .. }),
+    ) {
+        return problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "TLS certificate pair refused; the previous pair keeps serving",
+            &e.to_string(),
+        );
+    }
+    if let Some(done) = &certificate
+        && !matches!(outcome, ReloadOutcome::Failed { .. })
+    {
+        let mut body = serde_json::to_value(&outcome).unwrap_or_default();
+        if let Some(map) = body.as_object_mut() {
+            let said = if matches!(done, Reload::Swapped { .. }) {
+                "swapped"
+            } else {
+                "unchanged"
+            };
+            map.insert("certificate".into(), said.into());
+        }
+        return Json(body).into_response();
+    }
     match &outcome {
         ReloadOutcome::Failed { live, error } => {
             let mut r = problem(

@@ -19,6 +19,7 @@ use crate::upstream::{HeaderCase, HostHeader};
 
 mod admin;
 mod record;
+mod tls;
 mod values;
 
 pub use values::{HumanDelay, HumanDuration};
@@ -159,6 +160,21 @@ pub struct ServeArgs {
     /// This replica's name in the access log [default: $HOSTNAME, else the host name].
     #[arg(long, value_name = "NAME")]
     pub replica: Option<String>,
+    /// Serve HTTPS on `--listen` with this PEM certificate chain (the leaf first), reloaded
+    /// when it changes; needs `--tls-key`. The admin listener stays plain [default: none,
+    /// plain HTTP].
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert` (PKCS#8, RSA or SEC1 EC) [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Time a client has to complete its TLS handshake from accept [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub tls_handshake_timeout: Option<HumanDuration>,
+    /// TLS handshakes in progress at most; past it the oldest incomplete one is closed
+    /// [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub tls_max_handshakes: Option<usize>,
 }
 
 impl ServeArgs {
@@ -236,6 +252,8 @@ pub struct Config {
     pub access_log: Option<crate::record::LogConfig>,
     /// This replica's name (`--replica`).
     pub replica: std::sync::Arc<str>,
+    /// TLS on the proxy listener (`--tls-cert`, `--tls-key`), `None` for plain HTTP.
+    pub tls: Option<crate::edge::tls::TlsSettings>,
 }
 
 /// A setting that is missing, malformed or contradicts another. `serve` exits with code 2.
@@ -284,6 +302,7 @@ impl Config {
         };
         let (access_log, replica) = record::access_log(&args)?;
         let admin_access = admin::access(&args)?;
+        let tls = tls::settings(&args)?;
         let listen = args
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
@@ -387,6 +406,7 @@ impl Config {
             ));
         }
         Ok(Config {
+            tls,
             access_log,
             replica,
             listen,

@@ -18,8 +18,10 @@ pub struct ClientInfo {
     /// (`::ffff:a.b.c.d`) as IPv4.
     pub forwarded_for: HeaderValue,
     /// The `Forwarded` element for the peer (RFC 7239 section 4): `for=192.0.2.7;proto=http`,
-    /// an IPv6 address quoted and in brackets (section 6).
+    /// an IPv6 address quoted and in brackets (section 6); `proto=https` over TLS.
     pub forwarded: HeaderValue,
+    /// The scheme the client used, for `X-Forwarded-Proto`: `http`, or `https` over TLS.
+    pub proto: HeaderValue,
 }
 
 impl ClientInfo {
@@ -37,7 +39,23 @@ impl ClientInfo {
             peer,
             forwarded_for: text(ip.to_string()),
             forwarded: text(format!("for={node};proto=http")),
+            proto: HeaderValue::from_static("http"),
         }
+    }
+
+    /// The same, for a connection over TLS when `tls` (`proto=https`, `https`).
+    #[must_use]
+    pub fn over_tls(mut self, tls: bool) -> Self {
+        if tls {
+            let http = self.forwarded.as_bytes();
+            let mut https = http.to_vec();
+            https.push(b's');
+            if let Ok(v) = HeaderValue::from_bytes(&https) {
+                self.forwarded = v;
+            }
+            self.proto = HeaderValue::from_static("https");
+        }
+        self
     }
 }
 

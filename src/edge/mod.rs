@@ -14,3 +14,4 @@ pub mod rejection;
 pub mod reuse;
 pub mod serve;
 pub mod target;
+pub mod tls;

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::lifecycle::ClientIo;
@@ -46,7 +45,7 @@ fn warn_base() -> Instant {
 /// first. hyper has stopped reading by then (its error for the preface, or a 400 for a TLS
 /// hello's first byte); the close lingers as after any early answer, within its bounds.
 pub(super) async fn refuse_protocol(
-    io: ClientIo<TokioIo<TcpStream>>,
+    io: ClientIo<TokioIo<super::tls::ClientStream>>,
     wrong: ProtocolMismatch,
     peer: SocketAddr,
 ) {

@@ -47,6 +47,13 @@ impl Reuse {
         std::future::poll_fn(move |cx| self.poll_evicted(cx))
     }
 
+    /// Tells the connection to close: marks it and wakes its task (a handshake displaced by
+    /// newer ones, `edge::tls::handshakes`).
+    pub(super) fn tell(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.wake();
+    }
+
     /// Wakes the connection's task (after
     /// [`Descriptors::drain`](super::descriptors::Descriptors::drain) marked it told).
     pub(super) fn wake(&self) {

@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::pin::Pin;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -26,6 +26,7 @@ use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooL
 use super::keepalive::{Activity, Answer, PARK_AFTER};
 use super::lifecycle::ClientIo;
 use super::protocol::refuse_protocol;
+use super::tls::{ClientStream, Tls};
 use crate::BoxError;
 use crate::metrics::{CloseReason, ErrorKind, Metrics};
 
@@ -56,6 +57,9 @@ pub struct Connections {
     pub descriptors: Arc<Descriptors>,
     /// Which listener this is: the proxy listener keeps the descriptors' reserve free.
     pub listener: Listener,
+    /// TLS on this listener (`--tls-cert`): each connection's handshake runs after accept and
+    /// before hyper (`edge::tls`). `None`: plain HTTP.
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// Accepts connections until `shutdown`, then lets in-flight requests finish (idle
@@ -96,6 +100,7 @@ pub async fn serve<S, B>(
         metrics: settings.metrics.clone(),
         refusals: settings.refusals.clone(),
         descriptors: Arc::clone(&settings.descriptors),
+        tls: settings.tls.is_some(),
         draining: AtomicBool::new(false),
         drain: std::array::from_fn(|_| Notify::new()),
     });
@@ -130,15 +135,35 @@ pub async fn serve<S, B>(
         shard = shard.wrapping_add(1);
         let activity = Arc::new(Activity::new());
         let client = descriptors.accepted(&activity);
-        let served = connection(
-            stream,
-            peer,
-            Arc::clone(&shared),
-            shard,
-            &settings,
-            activity,
-        );
-        connections.spawn(client.serving(served));
+        let max_line = settings.max_header_line;
+        match &settings.tls {
+            None => {
+                let stream = ClientStream::Plain(stream);
+                let served =
+                    connection(stream, peer, Arc::clone(&shared), shard, max_line, activity);
+                connections.spawn(client.serving(served));
+            }
+            // The handshake in the connection's own task, after accept and before hyper: a
+            // slow one never holds the accept loop.
+            Some(tls) => {
+                let (tls, shared) = (Arc::clone(tls), Arc::clone(&shared));
+                let place = tls.begin();
+                connections.spawn(client.serving(async move {
+                    let handshake = tls.handshake(
+                        place,
+                        stream,
+                        peer,
+                        activity.reuse.evicted(),
+                        shared.drained(shard),
+                    );
+                    let Some(stream) = handshake.await else {
+                        return;
+                    };
+                    let stream = ClientStream::Tls(Box::new(stream));
+                    connection(stream, peer, shared, shard, max_line, activity).await;
+                }));
+            }
+        }
     }
     drop(listener);
     reap(&mut connections);
@@ -192,6 +217,8 @@ struct Shared<S> {
     refusals: Option<super::refusal::Refusals>,
     /// The process's descriptors: idle connections are queued there as reusable.
     descriptors: Arc<Descriptors>,
+    /// Whether connections are TLS (`X-Forwarded-Proto: https`).
+    tls: bool,
     /// Set when the drain begins, with every `drain` shard notified. A waiting
     /// [`Notified`](tokio::sync::futures::Notified) future is 64 bytes of every connection's
     /// task where a `watch` receiver's `changed()` is 120 and its `wait_for` 160.
@@ -248,11 +275,11 @@ impl<S> Shared<S> {
 /// settled (`scripts/idle-rss.py --hold 15`): 41.3–42.6 MiB before, 25.1–26.3 MiB after
 /// (docs/benchmark-history.md).
 fn connection<S, B>(
-    stream: TcpStream,
+    stream: ClientStream,
     peer: SocketAddr,
     shared: Arc<Shared<S>>,
     shard: u8,
-    settings: &Connections,
+    max_header_line: usize,
     activity: Arc<Activity>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
@@ -268,7 +295,7 @@ where
 {
     // The framing guard reads each request head on the raw bytes, before hyper
     // normalises what a smuggling attempt would show (see `framing`).
-    let (mut guard, verdicts) = FramingGuard::new(TokioIo::new(stream), settings.max_header_line);
+    let (mut guard, verdicts) = FramingGuard::new(TokioIo::new(stream), max_header_line);
     async move {
         let mut draining = false;
         let mut never_park = false;
@@ -407,7 +434,7 @@ where
                 .reset(activity.idle_since() + shared.idle_timeout);
             let _parked = shared.metrics.as_deref().map(Parked::new);
             shared.descriptors.reusable(&activity);
-            let socket = guard.get_ref().inner();
+            let socket = guard.get_ref().inner().tcp();
             // `poll_read_ready` rather than `readable()`, whose future is 152 bytes more of
             // every parked task (nothing else reads the socket while it is parked).
             tokio::select! {
@@ -439,7 +466,7 @@ where
 type Started<Svc> = Pin<
     Box<
         hyper::server::conn::http1::Connection<
-            ClientIo<TokioIo<TcpStream>>,
+            ClientIo<TokioIo<ClientStream>>,
             TowerToHyperService<Svc>,
         >,
     >,
@@ -450,7 +477,7 @@ type Started<Svc> = Pin<
 /// guard's verdict, in extensions) and the answer hook ([`close_when`]).
 fn start<S, B>(
     shared: &Shared<S>,
-    io: ClientIo<TokioIo<TcpStream>>,
+    io: ClientIo<TokioIo<ClientStream>>,
     peer: SocketAddr,
     verdicts: &super::framing::Verdicts,
     activity: &Arc<Activity>,
@@ -478,7 +505,7 @@ where
         let verdicts = verdicts.clone();
         let activity = Arc::clone(activity);
         let descriptors = Arc::clone(&shared.descriptors);
-        let info = ClientInfo::new(peer);
+        let info = ClientInfo::new(peer).over_tls(shared.tls);
         move |mut req: Request<Incoming>| {
             activity.request(req.version());
             descriptors.in_use(&activity);

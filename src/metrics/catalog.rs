@@ -106,6 +106,16 @@ pub const PROTOCOL_MISMATCHES: &str = "shedgate_client_protocol_mismatches_total
 /// the soft limit less its reserve: idle connections closed before accepting), `accept`,
 /// `admin_accept`, `upstream_connect` (`EMFILE` or `ENFILE` there).
 pub const DESCRIPTOR_SHORTAGES: &str = "shedgate_descriptor_shortages_total";
+/// TLS handshakes on the proxy listener, by `outcome`
+/// ([`HandshakeOutcome`](super::HandshakeOutcome)): `completed`, `failed` (an alert),
+/// `timed_out`, `wrong_protocol` (plain HTTP to the TLS port), `displaced` (closed to make
+/// room for newer ones, or to free a descriptor).
+pub const TLS_HANDSHAKES: &str = "shedgate_tls_handshakes_total";
+/// Certificate reloads on new file content, by `outcome` (`swapped`, `refused`: the previous
+/// pair keeps serving).
+pub const TLS_RELOADS: &str = "shedgate_tls_reloads_total";
+/// The serving certificate's expiry (its leaf's notAfter), unix seconds; 0 without TLS.
+pub const TLS_CERTIFICATE_EXPIRY: &str = "shedgate_tls_certificate_expiry_timestamp_seconds";
 /// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
 /// (`edge::keepalive`).
 pub const PARKED_CONNECTIONS: &str = "shedgate_client_connections_parked";
@@ -299,6 +309,21 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         PROTOCOL_MISMATCHES,
         "counter",
         "Client connections that spoke another protocol than HTTP/1.x, closed, by reason (http2_preface: answered GOAWAY HTTP_1_1_REQUIRED; tls_client_hello).",
+    ),
+    (
+        TLS_HANDSHAKES,
+        "counter",
+        "TLS handshakes on the proxy listener, by outcome (completed, failed: an alert; timed_out; wrong_protocol: plain HTTP to the TLS port; displaced: closed to make room).",
+    ),
+    (
+        TLS_RELOADS,
+        "counter",
+        "Certificate reloads on new file content, by outcome (swapped; refused: the previous pair keeps serving).",
+    ),
+    (
+        TLS_CERTIFICATE_EXPIRY,
+        "gauge",
+        "The serving certificate's notAfter (its leaf's), unix seconds; 0 without TLS.",
     ),
     (
         PARKED_CONNECTIONS,

@@ -20,12 +20,14 @@ mod catalog;
 mod connections;
 mod live;
 mod per_policy;
+mod tls;
 mod upstream;
 
 pub use admin::AdminRefusal;
 pub use catalog::*;
 pub use connections::{CloseReason, DescriptorShortage};
 pub use per_policy::PolicyMetrics;
+pub use tls::{HandshakeOutcome, ReloadOutcome as TlsReloadOutcome, TlsMetrics};
 pub use upstream::UpstreamMetrics;
 
 /// Buckets of [`EVENT_AGE`], seconds: around the default `stale_after` (30 s), up to a day
@@ -222,6 +224,8 @@ pub struct Metrics {
     protocol_mismatches: [Counter; 2],
     /// [`ADMIN_REFUSALS`], by [`AdminRefusal`].
     admin_refusals: [Counter; 6],
+    /// The TLS listener's handshakes, certificate reloads and expiry.
+    pub tls: TlsMetrics,
     reload_success: Counter,
     reload_failure: Counter,
     reload_ok: Gauge,
@@ -298,6 +302,10 @@ impl Metrics {
                 .map(|r| counter(ACCESS_LOG_DROPPED, vec![Label::new("reason", r)])),
             buffered_bytes: gauge(BUFFERED_BYTES),
             proxy_errors,
+            tls: TlsMetrics::register(
+                |name, outcome| counter(name, vec![Label::new("outcome", outcome)]),
+                gauge,
+            ),
             reload_success: counter(POLICY_RELOADS, vec![Label::new("outcome", "success")]),
             reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
             reload_ok: gauge(POLICY_RELOAD_SUCCESS),

@@ -219,7 +219,7 @@ pub fn add_forwarding_headers(headers: &mut HeaderMap, client: &ClientInfo, trus
         kept(1),
     );
     if !kept(2) {
-        headers.insert(FORWARDING[2].clone(), HeaderValue::from_static("http"));
+        headers.insert(FORWARDING[2].clone(), client.proto.clone());
     }
     append(headers, header::FORWARDED, &client.forwarded, kept(0));
 }

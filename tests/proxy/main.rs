@@ -43,6 +43,7 @@ mod signals;
 #[cfg(feature = "demo")]
 mod stream_costs;
 mod support;
+mod tls;
 mod upstream_records;
 mod upstreams;
 

@@ -1,0 +1,296 @@
+//! TLS on the proxy listener (`--tls-cert`, `--tls-key`): rustls with the `ring` provider,
+//! TLS 1.2 and 1.3 only, the provider's default cipher suites, ALPN `http/1.1`. The handshake
+//! runs after accept and before hyper, bounded by `--tls-handshake-timeout` and by
+//! `--tls-max-handshakes` in progress (the oldest incomplete one closed first), and metered
+//! by outcome; a first byte that is not a TLS handshake record (plain HTTP sent to the TLS
+//! port) is answered 400 and closed. The admin listener stays plain (docs/operations.md
+//! "TLS").
+
+pub mod handshakes;
+pub mod pair;
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use rustls::crypto::CryptoProvider;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use self::handshakes::{Handshakes, InProgress};
+use self::pair::{CertificateStore, PairError, PairFiles, Resolver};
+use crate::metrics::{CloseReason, HandshakeOutcome, Metrics};
+
+/// Default `--tls-handshake-timeout`: HAProxy's `timeout client` examples and Envoy's
+/// `transport_socket_connect_timeout` advice sit at 10 s; nginx's `ssl_handshake_timeout`
+/// is 60 s, long enough for a slow-handshake flood to hold sockets six times longer.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `--tls-max-handshakes`: incomplete handshakes at once. A handshake costs about
+/// one millisecond of CPU (docs/dependencies.md "rustls"); a thousand in progress are a
+/// second of work queued, far above what honest clients reconnecting at once need.
+pub const MAX_HANDSHAKES: usize = 1024;
+/// The first byte of a TLS record carrying a handshake message (RFC 8446 section 5.1,
+/// `ContentType.handshake`).
+const HANDSHAKE_RECORD: u8 = 22;
+
+/// The TLS settings of the proxy listener (validated; the pair was checked at start).
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    /// The certificate and key files.
+    pub files: PairFiles,
+    /// Longest handshake (`--tls-handshake-timeout`).
+    pub handshake_timeout: Duration,
+    /// Most handshakes in progress (`--tls-max-handshakes`).
+    pub max_handshakes: usize,
+}
+
+/// rustls' provider here: `ring` (docs/dependencies.md "rustls" says why), with its default
+/// suites and key-exchange groups (X25519, P-256, P-384: no post-quantum hybrid, which
+/// rustls offers with aws-lc-rs only; hence the deprecation since rustls 0.23.48).
+#[expect(
+    deprecated,
+    reason = "ring has no post-quantum key exchange; chosen for its build cost (docs/dependencies.md)"
+)]
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The proxy listener's TLS: the server configuration over the live certificate store, and
+/// the handshakes' bounds and counts.
+pub struct Tls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    store: Arc<CertificateStore>,
+    handshakes: Arc<Handshakes>,
+    handshake_timeout: Duration,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("files", self.store.files())
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// Reads and checks the pair, and builds the server configuration: TLS 1.3 and 1.2, the
+    /// provider's default suites, no client certificates, ALPN `http/1.1`.
+    ///
+    /// # Errors
+    /// The pair's [`PairError`].
+    pub fn new(settings: &TlsSettings, metrics: Option<Arc<Metrics>>) -> Result<Self, PairError> {
+        let provider = provider();
+        let store = Arc::new(CertificateStore::open(
+            settings.files.clone(),
+            Arc::clone(&provider),
+            metrics.clone(),
+        )?);
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| PairError::Certificate {
+                path: settings.files.cert.clone(),
+                reason: format!("no TLS version the provider supports: {e}"),
+            })?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(Resolver(Arc::clone(&store))));
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            store,
+            handshakes: Arc::new(Handshakes::new(settings.max_handshakes)),
+            handshake_timeout: settings.handshake_timeout,
+            metrics,
+        })
+    }
+
+    /// The live certificate store (reloaded by `live::certificates`).
+    pub fn store(&self) -> &Arc<CertificateStore> {
+        &self.store
+    }
+
+    /// The handshakes in progress.
+    pub fn handshakes(&self) -> &Arc<Handshakes> {
+        &self.handshakes
+    }
+
+    fn count(&self, outcome: HandshakeOutcome) {
+        if let Some(m) = &self.metrics {
+            m.tls.handshake(outcome);
+        }
+    }
+
+    /// A handshake begins, in the accept loop so that handshakes are aged in the order of
+    /// accept; past the cap, the oldest in progress is told to close.
+    pub fn begin(&self) -> InProgress {
+        self.handshakes.begin()
+    }
+
+    /// The handshake of a connection just accepted (its `place` from [`Tls::begin`]): the
+    /// TLS stream, or `None` once it is closed (failed, timed out, plain HTTP answered 400,
+    /// displaced by newer handshakes, told to close to free a descriptor: `evicted`, or the
+    /// drain began: `drained`).
+    pub async fn handshake(
+        &self,
+        place: InProgress,
+        stream: TcpStream,
+        peer: std::net::SocketAddr,
+        evicted: impl Future<Output = ()>,
+        drained: impl Future<Output = ()>,
+    ) -> Option<TlsStream<TcpStream>> {
+        let ended = tokio::select! {
+            ended = tokio::time::timeout(self.handshake_timeout, self.accept(stream, peer)) => ended,
+            () = place.displaced() => {
+                self.count(HandshakeOutcome::Displaced);
+                return None;
+            }
+            () = evicted => {
+                self.count(HandshakeOutcome::Displaced);
+                if let Some(m) = &self.metrics {
+                    m.connection_closed(CloseReason::Descriptors);
+                }
+                return None;
+            }
+            () = drained => return None,
+        };
+        drop(place);
+        match ended {
+            Ok(Ok(tls)) => {
+                self.count(HandshakeOutcome::Completed);
+                Some(tls)
+            }
+            Ok(Err(outcome)) => {
+                if let Some(outcome) = outcome {
+                    self.count(outcome);
+                }
+                None
+            }
+            Err(_) => {
+                self.count(HandshakeOutcome::TimedOut);
+                tracing::debug!(%peer, timeout = ?self.handshake_timeout, "TLS handshake timed out");
+                None
+            }
+        }
+    }
+
+    /// The handshake proper, or how it ended (`None`: the peer closed before sending a byte,
+    /// as TCP health checks do: not a handshake, not counted).
+    async fn accept(
+        &self,
+        stream: TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Result<TlsStream<TcpStream>, Option<HandshakeOutcome>> {
+        let mut first = [0u8; 1];
+        match stream.peek(&mut first).await {
+            Ok(0) | Err(_) => return Err(None),
+            Ok(_) if first[0] != HANDSHAKE_RECORD => {
+                refuse_plain(stream, peer).await;
+                return Err(Some(HandshakeOutcome::WrongProtocol));
+            }
+            Ok(_) => {}
+        }
+        self.acceptor.accept(stream).await.map_err(|e| {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            Some(HandshakeOutcome::Failed)
+        })
+    }
+}
+
+/// nginx's answer to plain HTTP on its TLS port ("The plain HTTP request was sent to HTTPS
+/// port", 400), as problem+json, then the close.
+async fn refuse_plain(mut stream: TcpStream, peer: std::net::SocketAddr) {
+    const BODY: &str = "{\"type\":\"about:blank\",\"title\":\"Plain HTTP sent to the TLS port\",\
+                        \"status\":400,\"detail\":\"this port speaks HTTPS: use an https:// URL\"}";
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    tracing::debug!(%peer, "plain HTTP sent to the TLS port: answered 400");
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// A client connection's stream: plain TCP, or TLS over it once the handshake completed.
+/// Boxed when TLS, so that a plain connection's task does not grow by a rustls session.
+#[derive(Debug)]
+pub enum ClientStream {
+    /// Plain HTTP.
+    Plain(TcpStream),
+    /// HTTPS.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl ClientStream {
+    /// The TCP socket underneath (a parked connection waits for it to be readable: rustls
+    /// holds no unread plaintext then, as hyper had read until the socket would block).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            ClientStream::Plain(s) => s,
+            ClientStream::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ClientStream::Plain(s) => s.is_write_vectored(),
+            ClientStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
