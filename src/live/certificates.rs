@@ -44,8 +44,9 @@ pub fn spawn(
 ) -> tokio::task::JoinHandle<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let mut watcher = DirsWatcher::start(&store, &tx);
-    // A change between the start's read and the watch: one check at once.
-    let _ = tx.send(());
+    // A change between the start's read and the watch: one check now, before serving (two
+    // small files, read once at start as the config read them).
+    store.reload();
     tokio::spawn(async move {
         let mut recheck = tokio::time::interval(recheck_every);
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -438,3 +438,44 @@ async fn past_the_cap_the_oldest_incomplete_handshake_is_closed_first() {
     assert!(until_closed(&mut slow[1]).await.is_empty());
     assert_eq!(handshakes(&scrape(&proxy).await, "displaced"), 2.0);
 }
+
+/// SIGHUP reloads the pair: the certificate file is a link to a file in another directory,
+/// whose replacement makes no event in the watched one (and the periodic re-check is an
+/// hour away), so only the signal can show the new certificate.
+#[tokio::test]
+async fn sighup_reloads_the_pair() {
+    let (ca, dir, elsewhere) = (
+        Ca::new(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let (old, new) = (ca.leaf(90), ca.leaf(120));
+    install(elsewhere.path(), &old);
+    for name in ["tls.crt", "tls.key"] {
+        std::os::unix::fs::symlink(elsewhere.path().join(name), dir.path().join(name)).unwrap();
+    }
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let args = ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        upstream: Some(upstream.url()),
+        policies: Some(policy.path().to_owned()),
+        tls_cert: Some(dir.path().join("tls.crt")),
+        tls_key: Some(dir.path().join("tls.key")),
+        policy_recheck: Some("1h".parse().unwrap()),
+        ..ServeArgs::default()
+    };
+    let signals = shedgate::signals::Signals::none();
+    signals.serving();
+    let config = Config::from_args(args).unwrap();
+    let (proxy, _) = shedgate::app::start_with(config, sources(), &signals)
+        .await
+        .unwrap();
+    install(elsewhere.path(), &new);
+    // No event and no re-check: the old pair serves until the signal.
+    assert_eq!(served(&connect(&proxy, &ca).await), old.der);
+    signals.deliver(1); // SIGHUP
+    await_leaf(&proxy, &ca, &new.der).await;
+    assert_eq!(reloads(&scrape(&proxy).await, "swapped"), 1.0);
+}
