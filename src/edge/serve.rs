@@ -149,13 +149,15 @@ pub async fn serve<S, B>(
                 let (tls, shared) = (Arc::clone(tls), Arc::clone(&shared));
                 let place = tls.begin();
                 connections.spawn(client.serving(async move {
-                    let handshake = tls.handshake(
+                    // Boxed: the task keeps no room for the handshake's state once it
+                    // is served (or parked).
+                    let handshake = Box::pin(tls.handshake(
                         place,
                         stream,
                         peer,
                         activity.reuse.evicted(),
                         shared.drained(shard),
-                    );
+                    ));
                     let Some(stream) = handshake.await else {
                         return;
                     };

@@ -479,3 +479,34 @@ async fn sighup_reloads_the_pair() {
     await_leaf(&proxy, &ca, &new.der).await;
     assert_eq!(reloads(&scrape(&proxy).await, "swapped"), 1.0);
 }
+
+/// A keep-alive TLS connection idle past the park (its HTTP buffers freed, only the socket
+/// and the TLS session held) resumes when the client sends again.
+#[tokio::test]
+async fn a_parked_tls_connection_resumes() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    install(dir.path(), &ca.leaf(90));
+    let (upstream, _policy, proxy) = tls_proxy(dir.path(), |_| {}).await;
+    let mut sender = http(connect(&proxy, &ca).await).await;
+    let a = post_on(&mut sender, "feature.boundary_edit", event(BERLIN, 0)).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let parked = || async {
+        metric(
+            &scrape(&proxy).await,
+            "shedgate_client_connections_parked",
+            &[],
+        )
+    };
+    for _ in 0..200 {
+        if parked().await == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(parked().await, 1.0, "the connection was never parked");
+    for _ in 0..3 {
+        let a = post_on(&mut sender, "feature.boundary_edit", event(BERLIN, 0)).await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.count(), 4);
+}
