@@ -366,7 +366,7 @@ pub async fn start_with(
         Some(signals.hangups()),
     ));
     if let Some(tls) = &tls {
-        tasks.push(crate::live::certificates::spawn(
+        tasks.push(crate::edge::tls::watch::spawn(
             Arc::clone(tls.store()),
             config.policy_recheck,
             shutdown_rx.clone(),

@@ -57,8 +57,10 @@
 //!   open-files limit and the idle connections closed first when descriptors run low, each
 //!   holding its place among them, `edge::reuse`), the request-smuggling guard on each
 //!   connection's raw bytes, the one place where reasons become statuses, `Retry-After` and
-//!   problem+json, and the access-log line of a head hyper's parser refused
-//!   (`edge::refusal`).
+//!   problem+json, the access-log line of a head hyper's parser refused
+//!   (`edge::refusal`), and TLS on the client listener (`edge::tls`: the handshake, bounded
+//!   and metered, and the certificate pair swapped live, `edge::tls::pair`,
+//!   `edge::tls::watch`).
 //! - [`upstream`]: [`upstream::Upstream`]: everything one upstream owns — its pooled client,
 //!   its pressure (one controller per upstream, never shared), its class and freshness
 //!   budgets, its clock skew, its load-report reading, its metric series

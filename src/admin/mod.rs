@@ -217,7 +217,7 @@ async fn reload(State(s): State<AdminState>) -> Response {
     use crate::live::store::ReloadOutcome;
     let outcome = crate::live::reload::reload(&s.store, crate::live::reload::Trigger::Admin).await;
     let certificate = match &s.certificates {
-        Some(store) => Some(crate::live::certificates::reload(store).await),
+        Some(store) => Some(crate::edge::tls::watch::reload(store).await),
         None => None,
     };
     if let (Some(Reload::Refused(e)), false) = (

@@ -1,7 +1,6 @@
 //! Live policy: the store that swaps compiled snapshots atomically, and the reload that
 //! watches the policy directory.
 
-pub mod certificates;
 pub mod debounce;
 pub mod reload;
 pub mod store;

@@ -278,7 +278,7 @@ impl DirWatcher {
 /// (inotify `IN_OPEN`, `IN_CLOSE_NOWRITE`), which every reload's own reads cause: reacting to
 /// them re-read the policy about ten times a second forever. A close after writing still
 /// counts, as does everything else (creates, renames, removes, modifications, attributes).
-pub(super) fn changes(kind: &notify::EventKind) -> bool {
+pub(crate) fn changes(kind: &notify::EventKind) -> bool {
     use notify::event::{AccessKind, AccessMode, EventKind};
     !matches!(
         kind,

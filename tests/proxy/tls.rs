@@ -51,6 +51,11 @@ impl Ca {
     fn leaf(&self, days: i64) -> Leaf {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        // The real clock: the TLS client checks validity against it, not the tests' clock.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "certificate validity is checked against the wall clock"
+        )]
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now - time::Duration::days(1);
         params.not_after = (now + time::Duration::days(days))

@@ -8,6 +8,7 @@
 
 pub mod handshakes;
 pub mod pair;
+pub mod watch;
 
 use std::io;
 use std::pin::Pin;
@@ -118,7 +119,7 @@ impl Tls {
         Arc::clone(self.acceptor.config())
     }
 
-    /// The live certificate store (reloaded by `live::certificates`).
+    /// The live certificate store (reloaded by [`watch`]).
     pub fn store(&self) -> &Arc<CertificateStore> {
         &self.store
     }

@@ -1,6 +1,7 @@
-//! Reload triggers of the TLS certificate pair (`edge::tls::pair`): a watcher on the
+//! Reload triggers of the TLS certificate pair ([`pair`](super::pair)): a watcher on the
 //! directories holding `--tls-cert` and `--tls-key`, SIGHUP, a periodic re-check, and
-//! `POST /reload` (in `admin`, through [`reload`]).
+//! `POST /reload` (in `admin`, through [`reload`]). Beside `edge::tls` rather than in `live`,
+//! which `edge` depends on.
 //!
 //! The directories are watched, never the files, for the reason the policy directory is
 //! (`live::reload`): a cert-manager Secret mounted in Kubernetes changes by a swap of its
@@ -16,8 +17,8 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
-use super::debounce::Quiet;
-use crate::edge::tls::pair::{CertificateStore, Reload};
+use super::pair::{CertificateStore, PairError, Reload};
+use crate::live::debounce::Quiet;
 use crate::signals::Hangups;
 
 /// Reads the files again off the async workers and swaps in a new valid pair
@@ -26,7 +27,7 @@ pub async fn reload(store: &Arc<CertificateStore>) -> Reload {
     let store = Arc::clone(store);
     match tokio::task::spawn_blocking(move || store.reload()).await {
         Ok(outcome) => outcome,
-        Err(e) => Reload::Refused(crate::edge::tls::pair::PairError::Read {
+        Err(e) => Reload::Refused(PairError::Read {
             path: PathBuf::new(),
             reason: format!("reload task failed: {e}"),
         }),
@@ -123,7 +124,7 @@ impl DirsWatcher {
             let (flag, tx) = (Arc::clone(&dead), tx.clone());
             move |event: notify::Result<notify::Event>| match event {
                 Ok(event) => {
-                    if super::reload::changes(&event.kind) {
+                    if crate::live::reload::changes(&event.kind) {
                         let _ = tx.send(());
                     }
                 }
