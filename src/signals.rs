@@ -11,8 +11,9 @@
 //! - SIGTERM, SIGINT: before [`Signals::serving`], the process exits at once (143 or 130, as a
 //!   shell reports a process those signals killed): nothing is served yet, so there is nothing
 //!   to drain. From then on, [`Signals::terminated`] resolves and `serve` shuts down gracefully.
-//! - SIGHUP: a policy reload ([`Signals::hangups`]). Signals are remembered, not queued: any
-//!   number that arrive before the reload task takes them, during start-up included, are one
+//! - SIGHUP: a policy reload ([`Signals::hangups`]) and, with TLS, a certificate reload
+//!   ([`Signals::certificate_hangups`]). Signals are remembered, not queued: any
+//!   number that arrive before a reload task takes them, during start-up included, are one
 //!   reload; a storm while a reload runs is one more after it. For the other commands (`check`,
 //!   `explain`, …) a SIGHUP is a terminal hanging up and exits (129), as it did.
 //! - SIGUSR1: counted ([`Signals::reopens`]); the access log reopens its file on it
