@@ -2,7 +2,7 @@
 //! of fixed capacity (each [`WORKERS`] × [`SERVICE`]) behind one shedgate, `default` and `b`
 //! (every request under `/b` goes to `b`). Each is offered half its capacity, except in its
 //! own overload window, where it is offered three times it: first `default` is overloaded
-//! while `b` is not, then the two swap, then both are calm. Beside it, in the same round, each
+//! while `b` is not, then both are calm, then the two swap, then both are calm again. Beside it, in the same round, each
 //! upstream alone with the same calm load (the other offered nothing), for the healthy one's
 //! latency without the other. Per round, per upstream: in the other's overload window, its
 //! requests shed or lost and its p99 beside its solo p99 in the same window; in its own, its
@@ -16,8 +16,9 @@ use shedgate::config::{Config, ServeArgs};
 use shedgate::demo::sim::{ServiceTime, Simulator, Spread};
 use std::sync::Arc;
 
-/// The two windows: (first second, seconds) of `default`'s overload and of `b`'s.
-const WINDOWS: [(u64, u64); 2] = [(WARM, OVERLOAD), (WARM + OVERLOAD, OVERLOAD)];
+/// The two windows: (first second, seconds) of `default`'s overload and of `b`'s, [`AFTER`]
+/// seconds of calm between them (so that `default` has recovered before it is the healthy one).
+const WINDOWS: [(u64, u64); 2] = [(WARM, OVERLOAD), (WARM + OVERLOAD + AFTER, OVERLOAD)];
 
 /// One upstream's figures of one round.
 #[derive(Debug, Clone, Copy)]
@@ -130,9 +131,27 @@ async fn run(
 /// round's figures and the medians over rounds.
 pub(crate) async fn two_upstreams(rounds: usize, policies: &Path, traffic: &Traffic) {
     let capacity = f64::from(WORKERS) / SERVICE.as_secs_f64();
-    let calm: &[(u64, f64)] = &[(WARM, 0.5), (OVERLOAD, 0.5), (OVERLOAD, 0.5), (AFTER, 0.5)];
-    let first: &[(u64, f64)] = &[(WARM, 0.5), (OVERLOAD, 3.0), (OVERLOAD, 0.5), (AFTER, 0.5)];
-    let second: &[(u64, f64)] = &[(WARM, 0.5), (OVERLOAD, 0.5), (OVERLOAD, 3.0), (AFTER, 0.5)];
+    let calm: &[(u64, f64)] = &[
+        (WARM, 0.5),
+        (OVERLOAD, 0.5),
+        (AFTER, 0.5),
+        (OVERLOAD, 0.5),
+        (AFTER, 0.5),
+    ];
+    let first: &[(u64, f64)] = &[
+        (WARM, 0.5),
+        (OVERLOAD, 3.0),
+        (AFTER, 0.5),
+        (OVERLOAD, 0.5),
+        (AFTER, 0.5),
+    ];
+    let second: &[(u64, f64)] = &[
+        (WARM, 0.5),
+        (OVERLOAD, 0.5),
+        (AFTER, 0.5),
+        (OVERLOAD, 3.0),
+        (AFTER, 0.5),
+    ];
     println!(
         "two upstreams behind one proxy, each {WORKERS} workers x {} ms = {capacity:.0} req/s, \
          latency target {} ms; default offered 3x in {}..{} s and b in {}..{} s, each 0.5x \
