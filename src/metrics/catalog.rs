@@ -41,8 +41,9 @@ pub const EVENT_LEAD: &str = "shedgate_event_lead_seconds";
 /// The `route` label of requests no route matched.
 pub const NO_ROUTE: &str = "none";
 /// The `upstream` label of requests answered before an upstream was chosen for them (refused
-/// at their framing or their declared size, or a body that could not be read).
-pub const NO_UPSTREAM: &str = "none";
+/// at their framing or their declared size, or a body that could not be read); the policy
+/// refuses an upstream of that name.
+pub const NO_UPSTREAM: &str = crate::policy::NO_UPSTREAM_LABEL;
 /// Pressure as decisions see it, 0.0–1.0, by `upstream` (each has its own controller): the
 /// controller's, raised to an open schedule's floor; the pinned value when pinned.
 pub const PRESSURE: &str = "shedgate_pressure";

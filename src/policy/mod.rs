@@ -31,7 +31,9 @@ pub use curve::{BANDS, Curve, Rank, band};
 pub use error::{Location, PolicyError, Warning};
 pub use regions::{MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS};
 pub use source::PolicyFiles;
-pub use upstreams::{DEFAULT_UPSTREAM, MAX_UPSTREAMS, UpstreamId, UpstreamSpec, parse_url};
+pub use upstreams::{
+    DEFAULT_UPSTREAM, MAX_UPSTREAMS, NO_UPSTREAM_LABEL, UpstreamId, UpstreamSpec, parse_url,
+};
 
 use crate::extract::Extractor;
 use crate::extract::formats::{ContentMode, Format};

@@ -25,6 +25,10 @@ pub const DEFAULT_UPSTREAM: &str = "default";
 /// its name, so their number is bounded as the policy's other label values are.
 pub const MAX_UPSTREAMS: usize = 64;
 
+/// The `upstream` label value of a request answered before an upstream was chosen
+/// (`crate::metrics::NO_UPSTREAM`): no upstream may take it.
+pub const NO_UPSTREAM_LABEL: &str = "none";
+
 /// Index of an upstream in a [`Policy`] ([`Policy::upstreams`]): `UpstreamId(0)` is always
 /// `default` (`--upstream`), the others follow in name order. Valid only for the policy that
 /// issued it: a reload that adds or removes an upstream renumbers the ones after it. A `u16`,
@@ -163,6 +167,14 @@ impl<'a> UpstreamTable<'a> {
                 return Err(table_err(
                     "`default` is the upstream --upstream sets, where requests go that name no \
                      other: a policy cannot redefine it; give this upstream another name"
+                        .into(),
+                ));
+            }
+            if name == NO_UPSTREAM_LABEL {
+                return Err(table_err(
+                    "`none` is the metric label of requests answered before an upstream was \
+                     chosen (shedgate_requests_total{upstream=\"none\"}): give this upstream \
+                     another name"
                         .into(),
                 ));
             }

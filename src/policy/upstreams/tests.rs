@@ -254,6 +254,14 @@ fn default_cannot_be_defined_and_names_are_label_safe() {
         "upstreams.\"a b\"",
         "must be 1..=64 characters of [A-Za-z0-9_.-]",
     );
+    // `none` labels requests answered before an upstream was chosen: two series would share
+    // one label set.
+    assert_error(
+        "[upstreams.none]\nurl = \"http://a:1\"\n",
+        1,
+        "upstreams.\"none\"",
+        "`none` is the metric label of requests answered before an upstream was chosen",
+    );
 }
 
 #[test]
