@@ -17,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
@@ -197,12 +198,12 @@ async fn fingerprint(dir: PathBuf) -> Option<String> {
 struct DirWatcher {
     _watcher: notify::RecommendedWatcher,
     set: Arc<WatchSet>,
-    dead: Arc<std::sync::atomic::AtomicBool>,
+    dead: Arc<AtomicBool>,
 }
 
 impl DirWatcher {
     fn dead(&self) -> bool {
-        self.dead.load(std::sync::atomic::Ordering::Relaxed)
+        self.dead.load(Ordering::Relaxed)
     }
 
     /// Resolves `dir` and watches what it leads to; `None` (logged) when it cannot.
@@ -221,38 +222,17 @@ impl DirWatcher {
     /// re-check.
     fn on(set: WatchSet, tx: &mpsc::UnboundedSender<()>) -> Option<DirWatcher> {
         let set = Arc::new(set);
-        let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let handler = {
-            let (set, flag, tx) = (Arc::clone(&set), Arc::clone(&dead), tx.clone());
-            move |event: notify::Result<notify::Event>| match event {
-                Ok(event) => {
-                    // The directory itself removed: this watch is over; the re-check restarts it.
-                    if event.kind.is_remove()
-                        && event.paths.iter().any(|p| Some(p.as_path()) == set.root())
-                    {
-                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    // A directory holding a link is watched for everything in it: only the
-                    // link's own changes count. An event without paths (the kernel's queue
-                    // overflowed) may have been anything.
-                    let ours = event.paths.is_empty() || event.paths.iter().any(|p| set.covers(p));
-                    if ours && changes(&event.kind) {
-                        let _ = tx.send(());
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "policy watcher error");
-                    flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-        };
-        let mut watcher = match notify::recommended_watcher(handler) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start a file watcher");
-                return None;
-            }
-        };
+        let seen = Arc::clone(&set);
+        let (mut watcher, dead) = signalling_watcher("policy", tx, move |event| {
+            // The directory itself removed: this watch is over; the re-check restarts it.
+            let over = event.kind.is_remove()
+                && event.paths.iter().any(|p| Some(p.as_path()) == seen.root());
+            // A directory holding a link is watched for everything in it: only the link's
+            // own changes count. An event without paths (the kernel's queue overflowed) may
+            // have been anything.
+            let ours = event.paths.is_empty() || event.paths.iter().any(|p| seen.covers(p));
+            (ours, over)
+        })?;
         let places = set
             .trees()
             .iter()
@@ -271,6 +251,44 @@ impl DirWatcher {
             set,
             dead,
         })
+    }
+}
+
+/// A file watcher (notify's recommended one, not yet watching anything) that sends one
+/// reload signal on `tx` for each event `judge` calls ours (its first answer) that can mean
+/// new content ([`changes`]), and marks the returned flag dead when `judge` says the watch is
+/// over (its second answer) or the watcher reports an error (logged, naming `what`): the
+/// periodic re-check then starts a new one. `None` (logged) when no watcher can start.
+pub(crate) fn signalling_watcher(
+    what: &'static str,
+    tx: &mpsc::UnboundedSender<()>,
+    judge: impl Fn(&notify::Event) -> (bool, bool) + Send + 'static,
+) -> Option<(notify::RecommendedWatcher, Arc<AtomicBool>)> {
+    let dead = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (flag, tx) = (Arc::clone(&dead), tx.clone());
+        move |event: notify::Result<notify::Event>| match event {
+            Ok(event) => {
+                let (ours, over) = judge(&event);
+                if over {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                if ours && changes(&event.kind) {
+                    let _ = tx.send(());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} watcher error");
+                flag.store(true, Ordering::Relaxed);
+            }
+        }
+    };
+    match notify::recommended_watcher(handler) {
+        Ok(w) => Some((w, dead)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start a file watcher for the {what}");
+            None
+        }
     }
 }
 

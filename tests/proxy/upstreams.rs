@@ -120,6 +120,10 @@ impl Three {
         send(req).await
     }
 
+    async fn status(&self, path: &str, stream: &str) -> StatusCode {
+        self.post_to(path, stream).await.status
+    }
+
     fn counts(&self) -> (usize, usize, usize) {
         (
             self.default.count(),
@@ -156,26 +160,23 @@ impl Three {
 async fn each_request_goes_to_its_routes_or_streams_upstream() {
     let t = three().await;
     assert_eq!(
-        t.post_to("/ingest", "vehicle.position").await.status,
+        t.status("/ingest", "vehicle.position").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (0, 1, 0));
     assert_eq!(
-        t.post_to("/ingest", "geofence.transition").await.status,
+        t.status("/ingest", "geofence.transition").await,
         StatusCode::OK
     );
+    assert_eq!(t.status("/ingest", "sensor.reading").await, StatusCode::OK);
     assert_eq!(
-        t.post_to("/ingest", "sensor.reading").await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        t.post_to("/ingest", "not.in.the.policy").await.status,
+        t.status("/ingest", "not.in.the.policy").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (3, 1, 0));
     // The route names `events`: over its stream's `tracking`.
     assert_eq!(
-        t.post_to("/events", "vehicle.position").await.status,
+        t.status("/events", "vehicle.position").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (3, 1, 1));
@@ -190,15 +191,12 @@ async fn a_pinned_upstream_sheds_only_what_goes_to_it() {
     assert_eq!(t.pin("tracking", 1.0).await.status, StatusCode::OK);
     for _ in 0..20 {
         assert_eq!(
-            t.post_to("/ingest", "vehicle.position").await.status,
+            t.status("/ingest", "vehicle.position").await,
             StatusCode::SERVICE_UNAVAILABLE
         );
+        assert_eq!(t.status("/ingest", "sensor.reading").await, StatusCode::OK);
         assert_eq!(
-            t.post_to("/ingest", "sensor.reading").await.status,
-            StatusCode::OK
-        );
-        assert_eq!(
-            t.post_to("/events", "vehicle.position").await.status,
+            t.status("/events", "vehicle.position").await,
             StatusCode::OK
         );
         // Never shed, on the pinned upstream too.
@@ -243,14 +241,14 @@ async fn a_pinned_upstream_sheds_only_what_goes_to_it() {
 async fn a_reload_moves_a_stream_between_upstreams_and_refuses_new_ones() {
     let t = three().await;
     assert_eq!(
-        t.post_to("/ingest", "vehicle.position").await.status,
+        t.status("/ingest", "vehicle.position").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (0, 1, 0));
     let moved = three_streams(&t.tracking.url(), &t.events.url(), "events");
     assert_eq!(t.reload(&moved).await.status, StatusCode::OK);
     assert_eq!(
-        t.post_to("/ingest", "vehicle.position").await.status,
+        t.status("/ingest", "vehicle.position").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (0, 1, 1));
@@ -263,7 +261,7 @@ async fn a_reload_moves_a_stream_between_upstreams_and_refuses_new_ones() {
     assert!(body.contains("takes a restart"), "{body}");
     assert_eq!(admin_get(&t.proxy, "/policy").await.json()["version"], live);
     assert_eq!(
-        t.post_to("/ingest", "vehicle.position").await.status,
+        t.status("/ingest", "vehicle.position").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (0, 1, 2));

@@ -119,28 +119,11 @@ impl DirsWatcher {
             })
             .collect();
         dirs.dedup();
-        let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let handler = {
-            let (flag, tx) = (Arc::clone(&dead), tx.clone());
-            move |event: notify::Result<notify::Event>| match event {
-                Ok(event) => {
-                    if crate::live::reload::changes(&event.kind) {
-                        let _ = tx.send(());
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "TLS certificate watcher error");
-                    flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-        };
-        let mut watcher = match notify::recommended_watcher(handler) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start a file watcher for the TLS certificate");
-                return None;
-            }
-        };
+        let (mut watcher, dead) = crate::live::reload::signalling_watcher(
+            "TLS certificate",
+            tx,
+            |_event: &notify::Event| (true, false),
+        )?;
         for dir in &dirs {
             if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
                 tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the TLS certificate's directory; the periodic re-check reloads it");
