@@ -179,10 +179,13 @@ fn remove_forwarding_twins(headers: &mut HeaderMap) {
 /// - From a trusted peer (`trusted`: a load balancer or ingress in `--trusted-proxies`), the
 ///   client is appended to `X-Forwarded-For` and `Forwarded` (RFC 7239 section 4), earlier
 ///   values joined into one line, and `X-Forwarded-Proto` is kept as that peer set it (it
-///   names the original client's scheme; `https, http` would name none), else set to `http`.
+///   names the original client's scheme; `https, http` would name none), else set to this
+///   hop's scheme: `https` when the client connected over TLS, `http` otherwise
+///   (`client.proto`).
 /// - From anyone else, every forwarding header it sent is dropped (a direct client could
 ///   claim any address or `https`), and `X-Forwarded-For`, `X-Forwarded-Proto` and
-///   `Forwarded` name only this hop: its address, `http`.
+///   `Forwarded` name only this hop: its address and its scheme (`https` over TLS, `http`
+///   otherwise; `proto=` in `Forwarded`).
 ///
 /// An IPv4 client on a `[::]` listener (`::ffff:a.b.c.d`) is named as IPv4. The elements that
 /// name the client are made once per connection and resume ([`ClientInfo::new`]); a request with no
