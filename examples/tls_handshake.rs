@@ -63,7 +63,8 @@ fn main() {
         handshake_timeout: shedgate::edge::tls::HANDSHAKE_TIMEOUT,
         max_handshakes: 1,
     };
-    let server = shedgate::edge::tls::Tls::new(&settings, None).expect("a valid pair");
+    let server = shedgate::edge::tls::Tls::new(&settings, None, shedgate::clock::Sources::system())
+        .expect("a valid pair");
     let server_config = server.server_config();
     let leaf = CertificateDer::pem_file_iter(&cert)
         .unwrap()

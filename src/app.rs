@@ -47,7 +47,8 @@ pub enum StartError {
         /// What is wrong.
         message: String,
     },
-    /// The TLS certificate pair was refused (it changed since the config was checked).
+    /// The TLS certificate pair was refused: its leaf is expired or not yet valid by the
+    /// clock, or the files changed since the config was checked.
     #[error("TLS: {0}")]
     Tls(#[from] crate::edge::tls::pair::PairError),
     /// A listener could not bind.
@@ -292,7 +293,9 @@ pub async fn start_with(
     let tls = config
         .tls
         .as_ref()
-        .map(|t| crate::edge::tls::Tls::new(t, Some(Arc::clone(&metrics))).map(Arc::new))
+        .map(|t| {
+            crate::edge::tls::Tls::new(t, Some(Arc::clone(&metrics)), sources.clone()).map(Arc::new)
+        })
         .transpose()?;
     let stack = build_stack(&config, &parts);
     let lame_duck = LameDuck::default();

@@ -11,7 +11,8 @@ use crate::edge::tls::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, TlsSettings, provider}
 ///
 /// # Errors
 /// One file without the other, a zero timeout or cap, or a pair that fails its checks (a
-/// file unreadable, no PEM certificate, no usable key, a key that is not the leaf's).
+/// file unreadable, no PEM certificate, no usable key, a key that is not the leaf's). The
+/// leaf's dates are checked at start, against the injected clock.
 pub(super) fn settings(args: &ServeArgs) -> Result<Option<TlsSettings>, ConfigError> {
     let files = match (&args.tls_cert, &args.tls_key) {
         (None, None) => {
@@ -45,7 +46,9 @@ pub(super) fn settings(args: &ServeArgs) -> Result<Option<TlsSettings>, ConfigEr
             key: key.clone(),
         },
     };
-    if let Err(e) = files.load(&provider()) {
+    // No clock here: the leaf's dates are checked when the store opens it at start
+    // (`app::start`, a `StartError::Tls`, exit status 2 as a config error).
+    if let Err(e) = files.load(&provider(), None) {
         let key = match e {
             PairError::Key { .. } | PairError::Mismatch { .. } => "tls-key",
             PairError::Read { ref path, .. } if *path == files.key => "tls-key",

@@ -47,20 +47,32 @@ impl Ca {
         }
     }
 
-    /// A leaf for `localhost` valid for `days`, with the CA in its chain file.
+    /// A leaf for `localhost` valid for `days`, with the CA in its chain file: valid both by
+    /// the real clock, which the TLS client checks it against, and by the tests' clock
+    /// ([`NOW`]), which the proxy checks it against.
     fn leaf(&self, days: i64) -> Leaf {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        // The real clock: the TLS client checks validity against it, not the tests' clock.
         #[expect(
             clippy::disallowed_methods,
             reason = "certificate validity is checked against the wall clock"
         )]
         let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::days(1);
-        params.not_after = (now + time::Duration::days(days))
-            .replace_nanosecond(0)
-            .unwrap();
+        let test_now = now_utc();
+        self.leaf_between(
+            now.min(test_now) - time::Duration::days(1),
+            now.max(test_now) + time::Duration::days(days),
+        )
+    }
+
+    /// A leaf for `localhost` valid from `not_before` to `not_after`.
+    fn leaf_between(
+        &self,
+        not_before: time::OffsetDateTime,
+        not_after: time::OffsetDateTime,
+    ) -> Leaf {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.not_before = not_before.replace_nanosecond(0).unwrap();
+        params.not_after = not_after.replace_nanosecond(0).unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Leaf {
             cert_pem: cert.pem(),
@@ -514,4 +526,93 @@ async fn a_parked_tls_connection_resumes() {
         assert_eq!(a.status, StatusCode::OK);
     }
     assert_eq!(upstream.count(), 4);
+}
+
+/// POST /reload, its answer.
+async fn post_reload(proxy: &shedgate::app::Running) -> Answer {
+    send(
+        Request::post(format!("http://{}/reload", proxy.admin_addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await
+}
+
+/// A leaf that ended a day before the proxy's clock ([`NOW`]) never replaces the serving
+/// pair, nor does one that begins a day after it: each refused, counted, and named with its
+/// file and dates.
+#[tokio::test]
+async fn an_expired_or_not_yet_valid_pair_is_refused_and_the_old_one_keeps_serving() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    let good = ca.leaf(90);
+    install(dir.path(), &good);
+    let (_upstream, _policy, proxy) = tls_proxy(dir.path(), |_| {}).await;
+    let day = time::Duration::days(1);
+    let expired = ca.leaf_between(now_utc() - 90 * day, now_utc() - day);
+    install(dir.path(), &expired);
+    let a = post_reload(&proxy).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let detail = a.json()["detail"].as_str().unwrap().to_owned();
+    let date = |t: time::OffsetDateTime| {
+        t.replace_nanosecond(0)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    for part in [
+        "tls.crt",
+        "expired",
+        &date(now_utc() - day),
+        &date(now_utc()),
+    ] {
+        assert!(detail.contains(part), "{part} in {detail}");
+    }
+    assert_eq!(served(&connect(&proxy, &ca).await), good.der);
+    assert_eq!(reloads(&scrape(&proxy).await, "refused"), 1.0);
+
+    let early = ca.leaf_between(now_utc() + day, now_utc() + 90 * day);
+    install(dir.path(), &early);
+    let a = post_reload(&proxy).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let detail = a.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("tls.crt")
+            && detail.contains("not yet valid")
+            && detail.contains(&date(now_utc() + day)),
+        "{detail}"
+    );
+    assert_eq!(served(&connect(&proxy, &ca).await), good.der);
+    let text = scrape(&proxy).await;
+    assert_eq!(reloads(&text, "refused"), 2.0);
+    assert_eq!(reloads(&text, "swapped"), 0.0);
+}
+
+/// At start, an expired leaf is refused as a broken pair is (a `StartError::Tls`, exit
+/// status 2): the proxy does not start serving a certificate every client rejects.
+#[tokio::test]
+async fn an_expired_pair_at_start_is_refused_naming_the_file_and_dates() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    let day = time::Duration::days(1);
+    install(
+        dir.path(),
+        &ca.leaf_between(now_utc() - 90 * day, now_utc() - day),
+    );
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let config = Config::from_args(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        upstream: Some(upstream.url()),
+        policies: Some(policy.path().to_owned()),
+        tls_cert: Some(dir.path().join("tls.crt")),
+        tls_key: Some(dir.path().join("tls.key")),
+        ..ServeArgs::default()
+    })
+    .expect("the files' shape is fine: the dates are checked against the clock at start");
+    let e = match shedgate::app::start(config, sources()).await {
+        Err(e @ shedgate::app::StartError::Tls(_)) => e.to_string(),
+        Err(other) => panic!("not a TLS refusal: {other}"),
+        Ok(_) => panic!("started with an expired certificate"),
+    };
+    assert!(e.contains("tls.crt") && e.contains("expired"), "{e}");
 }

@@ -24,6 +24,7 @@ use tokio_rustls::server::TlsStream;
 
 use self::handshakes::{Handshakes, InProgress};
 use self::pair::{CertificateStore, PairError, PairFiles, Resolver};
+use crate::clock::Sources;
 use crate::metrics::{CloseReason, HandshakeOutcome, Metrics};
 
 /// Default `--tls-handshake-timeout`: as `--header-read-timeout` (10 s), since a handshake,
@@ -83,17 +84,23 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// Reads and checks the pair, and builds the server configuration: TLS 1.3 and 1.2, the
-    /// provider's default suites, no client certificates, ALPN `http/1.1`.
+    /// Reads and checks the pair (its leaf's dates against `sources`' clock), and builds the
+    /// server configuration: TLS 1.3 and 1.2, the provider's default suites, no client
+    /// certificates, ALPN `http/1.1`.
     ///
     /// # Errors
     /// The pair's [`PairError`].
-    pub fn new(settings: &TlsSettings, metrics: Option<Arc<Metrics>>) -> Result<Self, PairError> {
+    pub fn new(
+        settings: &TlsSettings,
+        metrics: Option<Arc<Metrics>>,
+        sources: Sources,
+    ) -> Result<Self, PairError> {
         let provider = provider();
         let store = Arc::new(CertificateStore::open(
             settings.files.clone(),
             Arc::clone(&provider),
             metrics.clone(),
+            sources,
         )?);
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])

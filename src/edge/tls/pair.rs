@@ -14,6 +14,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::clock::{Sources, UnixMillis};
 use crate::metrics::{Metrics, TlsReloadOutcome};
 
 /// Why a certificate pair was refused; its text names the file and the reason.
@@ -43,6 +44,22 @@ pub enum PairError {
         path: PathBuf,
         /// What is wrong.
         reason: String,
+    },
+    /// The leaf certificate is expired or not yet valid by the clock (RFC 5280 section
+    /// 4.1.2.5: valid from notBefore to notAfter, both inclusive). Handshakes with it would
+    /// fail at every client that checks dates.
+    #[error("{}: the leaf certificate is {state}: valid from {not_before} to {not_after} (notBefore, notAfter), and it is now {now}", path.display())]
+    Validity {
+        /// The certificate file.
+        path: PathBuf,
+        /// `expired` or `not yet valid`.
+        state: &'static str,
+        /// notBefore, RFC 3339 UTC.
+        not_before: String,
+        /// notAfter, RFC 3339 UTC.
+        not_after: String,
+        /// The clock's time, RFC 3339 UTC.
+        now: String,
     },
     /// The key is not the leaf certificate's.
     #[error("{}: the private key does not match the certificate in {}: {reason}", key.display(), cert.display())]
@@ -95,15 +112,25 @@ impl PairFiles {
         })
     }
 
-    /// Reads and checks the pair.
+    /// Reads and checks the pair; with `now`, the leaf's dates too (without: the files'
+    /// shape only, as at config time, which has no clock).
     ///
     /// # Errors
     /// [`PairError`], naming the file and the reason.
-    pub fn load(&self, provider: &CryptoProvider) -> Result<Pair, PairError> {
-        self.check(&self.read()?, provider)
+    pub fn load(
+        &self,
+        provider: &CryptoProvider,
+        now: Option<UnixMillis>,
+    ) -> Result<Pair, PairError> {
+        self.check(&self.read()?, provider, now)
     }
 
-    fn check(&self, content: &Content, provider: &CryptoProvider) -> Result<Pair, PairError> {
+    fn check(
+        &self,
+        content: &Content,
+        provider: &CryptoProvider,
+        now: Option<UnixMillis>,
+    ) -> Result<Pair, PairError> {
         let cert_error = |reason: String| PairError::Certificate {
             path: self.cert.clone(),
             reason,
@@ -118,7 +145,25 @@ impl PairFiles {
                     .into(),
             ));
         };
-        let not_after = not_after(leaf).map_err(cert_error)?;
+        let (not_before, not_after) = validity(leaf).map_err(cert_error)?;
+        if let Some(now) = now {
+            let state = if now.0 < secs_to_millis(not_before) {
+                Some("not yet valid")
+            } else if now.0 > secs_to_millis(not_after) {
+                Some("expired")
+            } else {
+                None
+            };
+            if let Some(state) = state {
+                return Err(PairError::Validity {
+                    path: self.cert.clone(),
+                    state,
+                    not_before: rfc3339(not_before),
+                    not_after: rfc3339(not_after),
+                    now: rfc3339(u64::try_from(now.0 / 1000).unwrap_or(0)),
+                });
+            }
+        }
         let key_error = |reason: String| PairError::Key {
             path: self.key.clone(),
             reason,
@@ -149,17 +194,26 @@ impl PairFiles {
     }
 }
 
-/// The leaf's notAfter, unix seconds (RFC 5280 section 4.1.2.5).
-fn not_after(leaf: &CertificateDer<'_>) -> Result<u64, String> {
+/// The leaf's notBefore and notAfter, unix seconds (RFC 5280 section 4.1.2.5).
+fn validity(leaf: &CertificateDer<'_>) -> Result<(u64, u64), String> {
     use x509_cert::der::Decode;
     let cert = x509_cert::Certificate::from_der(leaf.as_ref())
         .map_err(|e| format!("the first certificate does not parse as X.509: {e}"))?;
-    Ok(cert
-        .tbs_certificate
-        .validity
-        .not_after
-        .to_unix_duration()
-        .as_secs())
+    let validity = &cert.tbs_certificate.validity;
+    Ok((
+        validity.not_before.to_unix_duration().as_secs(),
+        validity.not_after.to_unix_duration().as_secs(),
+    ))
+}
+
+fn secs_to_millis(secs: u64) -> i64 {
+    i64::try_from(secs).map_or(i64::MAX, |s| s.saturating_mul(1000))
+}
+
+/// Unix seconds as an RFC 3339 UTC date (`2026-05-28T20:26:40Z`), as X.509 dates are told.
+fn rfc3339(secs: u64) -> String {
+    x509_cert::der::DateTime::from_unix_duration(std::time::Duration::from_secs(secs))
+        .map_or_else(|_| format!("unix {secs}"), |d| d.to_string())
 }
 
 /// The serving pair, swapped atomically, and what the last reload read (so that unchanged
@@ -172,6 +226,8 @@ pub struct CertificateStore {
     /// The content last tried, and why it was refused (`None`: it serves).
     tried: Mutex<(Content, Option<PairError>)>,
     metrics: Option<Arc<Metrics>>,
+    /// The wall clock the leaf's dates are checked against.
+    sources: Sources,
 }
 
 /// What [`CertificateStore::reload`] did.
@@ -189,17 +245,19 @@ pub enum Reload {
 }
 
 impl CertificateStore {
-    /// Reads and checks the pair; the store serves it.
+    /// Reads and checks the pair, its leaf's dates against `sources`' clock; the store
+    /// serves it.
     ///
     /// # Errors
-    /// [`PairError`]: at start, a config error.
+    /// [`PairError`] (an expired or not yet valid leaf too): at start, a config error.
     pub fn open(
         files: PairFiles,
         provider: Arc<CryptoProvider>,
         metrics: Option<Arc<Metrics>>,
+        sources: Sources,
     ) -> Result<Self, PairError> {
         let content = files.read()?;
-        let pair = files.check(&content, &provider)?;
+        let pair = files.check(&content, &provider, Some(sources.now()))?;
         if let Some(m) = &metrics {
             #[expect(clippy::cast_precision_loss, reason = "unix seconds below 2^52")]
             m.tls.certificate_expiry.set(pair.not_after as f64);
@@ -210,6 +268,7 @@ impl CertificateStore {
             serving: ArcSwap::from_pointee(pair),
             tried: Mutex::new((content, None)),
             metrics,
+            sources,
         })
     }
 
@@ -227,7 +286,9 @@ impl CertificateStore {
     /// swaps it in, or refuses it (logged with the file and the reason, counted), the
     /// serving pair unchanged. Files unchanged since a refusal are refused again with the
     /// same reason, neither logged nor counted again (whichever trigger came first counted
-    /// it). Blocking (file reads): call it off the async workers.
+    /// it), except a leaf refused for its dates, checked again each time (a pair installed
+    /// before its notBefore swaps in once the clock reaches it; refused again, it is not
+    /// counted again either). Blocking (file reads): call it off the async workers.
     pub fn reload(&self) -> Reload {
         let mut tried = self
             .tried
@@ -242,14 +303,21 @@ impl CertificateStore {
                 return Reload::Refused(e);
             }
         };
-        if content == tried.0 {
+        let same = content == tried.0;
+        let dated = matches!(tried.1, Some(PairError::Validity { .. }));
+        if same && !dated {
             return match &tried.1 {
                 Some(e) => Reload::Refused(e.clone()),
                 None => Reload::Unchanged,
             };
         }
-        let outcome = self.files.check(&content, &self.provider);
+        let outcome = self
+            .files
+            .check(&content, &self.provider, Some(self.sources.now()));
         *tried = (content, outcome.as_ref().err().cloned());
+        if same && let Err(e) = &outcome {
+            return Reload::Refused(e.clone());
+        }
         match outcome {
             Ok(pair) => {
                 let not_after = pair.not_after;
