@@ -211,7 +211,8 @@ async fn policy(State(s): State<AdminState>) -> Response {
 /// (`swapped` or `unchanged` with the version, 200) or the error (422 problem+json; the
 /// previous policy stays live). With TLS, the certificate pair is read again too: its outcome
 /// is the answer's `certificate` (`swapped`, `unchanged`), and a refused pair is a 422 whose
-/// detail names the file and the reason (the previous pair keeps serving).
+/// detail names the file and the reason (the previous pair keeps serving); with a policy
+/// error too, the detail holds both.
 async fn reload(State(s): State<AdminState>) -> Response {
     use crate::edge::tls::pair::Reload;
     use crate::live::store::ReloadOutcome;
@@ -246,10 +247,18 @@ async fn reload(State(s): State<AdminState>) -> Response {
     }
     match &outcome {
         ReloadOutcome::Failed { live, error } => {
+            // A refused pair too: both reasons, so that both are fixed before the next try.
+            let detail = match &certificate {
+                Some(Reload::Refused(e)) => format!(
+                    "{error}; and the TLS certificate pair was refused (the previous pair \
+                     keeps serving): {e}"
+                ),
+                _ => error.clone(),
+            };
             let mut r = problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Policy does not compile; the previous policy stays live",
-                error,
+                &detail,
             );
             if let Ok(v) = axum::http::HeaderValue::from_str(live) {
                 r.headers_mut().insert("x-policy-version", v);

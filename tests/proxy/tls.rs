@@ -616,3 +616,27 @@ async fn an_expired_pair_at_start_is_refused_naming_the_file_and_dates() {
     };
     assert!(e.contains("tls.crt") && e.contains("expired"), "{e}");
 }
+
+/// When the policy does not compile and the certificate pair is refused too, the 422 names
+/// both reasons: the operator fixes both before the next try.
+#[tokio::test]
+async fn a_reload_with_a_broken_policy_and_a_refused_pair_names_both() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    let (good, other) = (ca.leaf(90), ca.leaf(90));
+    install(dir.path(), &good);
+    let (_upstream, policy, proxy) = tls_proxy(dir.path(), |_| {}).await;
+    std::fs::write(policy.path().join("streams.toml"), "[streams\n").unwrap();
+    install_files(dir.path(), &other.cert_pem, &good.key_pem);
+    let a = post_reload(&proxy).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let detail = a.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("streams.toml"),
+        "the policy's error: {detail}"
+    );
+    assert!(
+        detail.contains("tls.key") && detail.contains("does not match"),
+        "the pair's reason: {detail}"
+    );
+    assert_eq!(served(&connect(&proxy, &ca).await), good.der);
+}
