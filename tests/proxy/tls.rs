@@ -640,3 +640,45 @@ async fn a_reload_with_a_broken_policy_and_a_refused_pair_names_both() {
     );
     assert_eq!(served(&connect(&proxy, &ca).await), good.der);
 }
+
+/// Plain HTTP with a large body sent to the TLS port: the 400 still reaches the client, and
+/// the connection ends with a close, not a reset (the proxy reads what was sent before it
+/// closes; a reset can discard the answer in flight).
+#[tokio::test]
+async fn plain_http_with_a_large_body_to_the_tls_port_still_gets_its_400() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    install(dir.path(), &ca.leaf(90));
+    let (upstream, _policy, proxy) = tls_proxy(dir.path(), |_| {}).await;
+    for _ in 0..3 {
+        let mut tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+        let body = vec![b'x'; 200 * 1024];
+        let head = format!(
+            "POST /ingest HTTP/1.1\r\nHost: localhost\r\nX-Stream: vehicle.position\r\n\
+             content-length: {}\r\n\r\n",
+            body.len()
+        );
+        // The head and part of the body, then the answer read to the proxy's FIN, then the
+        // rest of the body, as a client that streams its body while it reads does. The
+        // proxy reads what comes after its answer instead of closing on unread bytes, which
+        // would reset the connection (and can discard the answer in flight): the rest is
+        // taken (a write into a reset connection fails).
+        let (part, rest) = body.split_at(16 * 1024);
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        tcp.write_all(part).await.unwrap();
+        let mut got = Vec::new();
+        let read_result = tcp.read_to_end(&mut got).await;
+        let got = String::from_utf8_lossy(&got).into_owned();
+        assert!(
+            read_result.is_ok() && got.starts_with("HTTP/1.1 400 "),
+            "{read_result:?}: {got:?}"
+        );
+        let sent = async {
+            tcp.write_all(rest).await?;
+            tcp.shutdown().await
+        };
+        sent.await
+            .expect("the rest of the body is read and discarded, not reset");
+    }
+    assert_eq!(handshakes(&scrape(&proxy).await, "wrong_protocol"), 3.0);
+    assert_eq!(upstream.count(), 0);
+}

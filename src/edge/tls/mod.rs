@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
@@ -181,7 +181,14 @@ impl Tls {
                 self.count(HandshakeOutcome::Completed);
                 Some(tls)
             }
-            Ok(Err(outcome)) => {
+            Ok(Err(Ended::Plain(stream))) => {
+                // Counted once answered; the lingering read after is no handshake (neither
+                // in progress nor under the handshake timeout).
+                self.count(HandshakeOutcome::WrongProtocol);
+                linger(stream).await;
+                None
+            }
+            Ok(Err(Ended::Outcome(outcome))) => {
                 if let Some(outcome) = outcome {
                     self.count(outcome);
                 }
@@ -195,32 +202,50 @@ impl Tls {
         }
     }
 
-    /// The handshake proper, or how it ended (`None`: the peer closed before sending a byte,
-    /// as TCP health checks do: not a handshake, not counted).
+    /// The handshake proper, or how it ended.
     async fn accept(
         &self,
-        stream: TcpStream,
+        mut stream: TcpStream,
         peer: std::net::SocketAddr,
-    ) -> Result<TlsStream<TcpStream>, Option<HandshakeOutcome>> {
+    ) -> Result<TlsStream<TcpStream>, Ended> {
         let mut first = [0u8; 1];
         match stream.peek(&mut first).await {
-            Ok(0) | Err(_) => return Err(None),
+            Ok(0) | Err(_) => return Err(Ended::Outcome(None)),
             Ok(_) if first[0] != HANDSHAKE_RECORD => {
-                refuse_plain(stream, peer).await;
-                return Err(Some(HandshakeOutcome::WrongProtocol));
+                return if refuse_plain(&mut stream, peer).await {
+                    Err(Ended::Plain(stream))
+                } else {
+                    Err(Ended::Outcome(Some(HandshakeOutcome::WrongProtocol)))
+                };
             }
             Ok(_) => {}
         }
         self.acceptor.accept(stream).await.map_err(|e| {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
-            Some(HandshakeOutcome::Failed)
+            Ended::Outcome(Some(HandshakeOutcome::Failed))
         })
     }
 }
 
+/// How a handshake that did not complete ended.
+enum Ended {
+    /// Counted as this outcome (`None`: the peer closed before sending a byte, as TCP health
+    /// checks do: not a handshake, not counted).
+    Outcome(Option<HandshakeOutcome>),
+    /// Plain HTTP, answered 400 and shut down for writing: what the client sent is still to
+    /// be read ([`linger`]).
+    Plain(TcpStream),
+}
+
+/// How long [`linger`] reads what the client sent after the answer, at most.
+const LINGER_TIME: Duration = Duration::from_secs(1);
+/// How many bytes [`linger`] reads after the answer, at most.
+const LINGER_BYTES: usize = 1024 * 1024;
+
 /// nginx's answer to plain HTTP on its TLS port ("The plain HTTP request was sent to HTTPS
-/// port", 400), as problem+json, then the close.
-async fn refuse_plain(mut stream: TcpStream, peer: std::net::SocketAddr) {
+/// port", 400), as problem+json, then our FIN (`shutdown`). `false` when either write
+/// failed (the connection is gone: nothing to linger on).
+async fn refuse_plain(stream: &mut TcpStream, peer: std::net::SocketAddr) -> bool {
     const BODY: &str = "{\"type\":\"about:blank\",\"title\":\"Plain HTTP sent to the TLS port\",\
                         \"status\":400,\"detail\":\"this port speaks HTTPS: use an https:// URL\"}";
     let answer = format!(
@@ -229,8 +254,29 @@ async fn refuse_plain(mut stream: TcpStream, peer: std::net::SocketAddr) {
         BODY.len()
     );
     tracing::debug!(%peer, "plain HTTP sent to the TLS port: answered 400");
-    let _ = stream.write_all(answer.as_bytes()).await;
-    let _ = stream.shutdown().await;
+    stream.write_all(answer.as_bytes()).await.is_ok() && stream.shutdown().await.is_ok()
+}
+
+/// After [`refuse_plain`], what the client sent (a request body, say) is read and discarded
+/// until it closes, for at most [`LINGER_TIME`] and [`LINGER_BYTES`], then the socket is
+/// closed: closing a socket with unread bytes makes the kernel send a reset instead of
+/// waiting, which can discard the answer still in flight. This is nginx's lingering close
+/// (`ngx_http_set_lingering_close` in `src/http/ngx_http_request.c`, bounded there by
+/// `lingering_time` 30 s and `lingering_timeout` 5 s), shorter here: the request is refused
+/// whole, and a client that keeps sending is not waited for.
+async fn linger(mut stream: TcpStream) {
+    let drain = async {
+        // On the heap: the connection's task is sized by its largest state.
+        let mut scratch = vec![0u8; 8192];
+        let mut read = 0;
+        while read < LINGER_BYTES {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
 }
 
 /// A client connection's stream: plain TCP, or TLS over it once the handshake completed.
