@@ -213,6 +213,11 @@ impl<IO> FramingGuard<IO> {
     pub fn get_ref(&self) -> &IO {
         &self.io
     }
+
+    /// The wrapped IO, mutably (not to be read from: the guard would miss the bytes).
+    pub fn get_mut(&mut self) -> &mut IO {
+        &mut self.io
+    }
 }
 
 impl<IO: Read + Unpin> Read for FramingGuard<IO> {

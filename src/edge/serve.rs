@@ -429,6 +429,12 @@ where
                     }
                 }
             };
+            // A TLS session holding the next request already (pipelined in the same records
+            // as the last one) would wait for a socket that has nothing more to tell: served
+            // on instead.
+            if guard.get_mut().inner_mut().holds_plaintext() {
+                continue;
+            }
             // Parked: only the socket and the guard's state are held.
             verdicts.release();
             timer

@@ -682,3 +682,88 @@ async fn plain_http_with_a_large_body_to_the_tls_port_still_gets_its_400() {
     assert_eq!(handshakes(&scrape(&proxy).await, "wrong_protocol"), 3.0);
     assert_eq!(upstream.count(), 0);
 }
+
+/// Complete HTTP/1.1 answers at the start of `buf`, counted (head, then a body of its
+/// content-length).
+fn answers_in(mut buf: &[u8]) -> Vec<String> {
+    let mut heads = Vec::new();
+    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        if buf.len() < end + 4 + length {
+            break;
+        }
+        buf = &buf[end + 4 + length..];
+        heads.push(head);
+    }
+    heads
+}
+
+/// Two requests pipelined in one TLS write on a keep-alive connection are both answered
+/// well before the idle timeout: the second, decrypted and buffered in the TLS session
+/// with the first, is not left waiting for the socket to become readable again. The first
+/// request fills one whole read of the proxy (8 KiB), so the second stays in the session.
+#[tokio::test]
+async fn pipelined_requests_in_one_tls_write_are_both_answered_before_the_idle_timeout() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    install(dir.path(), &ca.leaf(90));
+    let idle = Duration::from_secs(60);
+    let (upstream, _policy, proxy) = tls_proxy(dir.path(), |a| {
+        a.idle_timeout = Some("60s".parse().unwrap());
+    })
+    .await;
+    let request = |size: Option<usize>| {
+        let head_of = |len: usize| {
+            format!(
+                "POST /ingest HTTP/1.1\r\nhost: localhost\r\nx-stream: feature.boundary_edit\r\n\
+                 content-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+            )
+        };
+        let mut body = event(BERLIN, 0);
+        if let Some(size) = size {
+            // Padded with JSON whitespace until head and body are `size` bytes.
+            let mut len = body.len();
+            while head_of(len).len() + len < size {
+                len += 1;
+            }
+            body.push_str(&" ".repeat(len - body.len()));
+        }
+        let mut r = head_of(body.len());
+        r.push_str(&body);
+        r
+    };
+    let first = request(Some(8192));
+    assert_eq!(first.len(), 8192);
+    for second in [request(None), request(Some(8192))] {
+        let mut tls = connect(&proxy, &ca).await;
+        tls.write_all(format!("{first}{second}").as_bytes())
+            .await
+            .unwrap();
+        tls.flush().await.unwrap();
+        // A margin against the known interval: a tenth of the idle timeout.
+        let got = tokio::time::timeout(idle / 10, async {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while answers_in(&buf).len() < 2 {
+                let n = tls.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "closed after {:?}", answers_in(&buf));
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            answers_in(&buf)
+        })
+        .await
+        .expect("both pipelined requests answered before a tenth of the idle timeout");
+        assert!(
+            got.iter().all(|h| h.starts_with("HTTP/1.1 200 ")),
+            "{got:?}"
+        );
+    }
+    assert_eq!(upstream.count(), 4);
+}

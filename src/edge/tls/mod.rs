@@ -290,12 +290,34 @@ pub enum ClientStream {
 }
 
 impl ClientStream {
-    /// The TCP socket underneath (a parked connection waits for it to be readable: rustls
-    /// holds no unread plaintext then, as hyper had read until the socket would block).
+    /// The TCP socket underneath (a parked connection waits for it to be readable, once
+    /// [`ClientStream::holds_plaintext`] said no).
     pub fn tcp(&self) -> &TcpStream {
         match self {
             ClientStream::Plain(s) => s,
             ClientStream::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl ClientStream {
+    /// Whether the TLS session holds bytes of the client's that the socket will not tell
+    /// of again: decrypted plaintext not read yet (a pipelined request that came in the
+    /// same read as the last one), or received records not yet processed, or a
+    /// close_notify. A connection about to park resumes instead: it would wait for the
+    /// socket while its next request is already here. A session error says yes too, so
+    /// that hyper reads it and the connection ends. Plain TCP: `false` (its bytes are in
+    /// the socket).
+    pub fn holds_plaintext(&mut self) -> bool {
+        match self {
+            ClientStream::Plain(_) => false,
+            ClientStream::Tls(s) => {
+                let session = s.get_mut().1;
+                match session.process_new_packets() {
+                    Ok(state) => state.plaintext_bytes_to_read() > 0 || state.peer_has_closed(),
+                    Err(_) => true,
+                }
+            }
         }
     }
 }
