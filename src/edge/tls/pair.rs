@@ -350,3 +350,79 @@ impl ResolvesServerCert for Resolver {
         Some(Arc::clone(&self.0.serving.load().key))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::*;
+
+    const DAY_MS: i64 = 86_400_000;
+    const T0: UnixMillis = UnixMillis(1_780_000_000_000);
+
+    /// A self-signed pair for `localhost`, valid from `from` to `to` (unix millis).
+    fn pair_pem(from: i64, to: i64) -> (String, String) {
+        let at = |ms: i64| time::OffsetDateTime::from_unix_timestamp(ms / 1000).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.not_before = at(from);
+        params.not_after = at(to);
+        (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+    }
+
+    fn write(dir: &Path, (cert, key): &(String, String)) -> PairFiles {
+        let files = PairFiles {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+        };
+        std::fs::write(&files.cert, cert).unwrap();
+        std::fs::write(&files.key, key).unwrap();
+        files
+    }
+
+    /// A pair installed before its notBefore is refused, then swapped in at the first
+    /// reload once the clock has passed it, though the files did not change.
+    #[test]
+    fn a_pair_refused_as_not_yet_valid_swaps_in_once_the_clock_reaches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(AtomicI64::new(T0.0));
+        let sources = {
+            let clock = Arc::clone(&clock);
+            Sources::system().with_clock(move || UnixMillis(clock.load(Ordering::Relaxed)))
+        };
+        let files = write(dir.path(), &pair_pem(T0.0 - DAY_MS, T0.0 + 90 * DAY_MS));
+        let store = CertificateStore::open(files, crate::edge::tls::provider(), None, sources)
+            .expect("valid at T0");
+        write(dir.path(), &pair_pem(T0.0 + DAY_MS, T0.0 + 90 * DAY_MS));
+        for _ in 0..2 {
+            match store.reload() {
+                Reload::Refused(PairError::Validity { state, .. }) => {
+                    assert_eq!(state, "not yet valid");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        clock.store(T0.0 + 2 * DAY_MS, Ordering::Relaxed);
+        assert!(matches!(store.reload(), Reload::Swapped { .. }));
+        assert_eq!(store.reload(), Reload::Unchanged);
+    }
+
+    /// The refusal names the file and the dates, RFC 3339.
+    #[test]
+    fn an_expired_leaf_is_named_with_its_dates() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write(dir.path(), &pair_pem(T0.0 - 90 * DAY_MS, T0.0 - DAY_MS));
+        let e = files
+            .load(&crate::edge::tls::provider(), Some(T0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tls.crt")
+                && e.contains("expired")
+                && e.contains("2026-05-27T20:26:40Z")
+                && e.contains("2026-05-28T20:26:40Z"),
+            "{e}"
+        );
+        assert!(files.load(&crate::edge::tls::provider(), None).is_ok());
+    }
+}
