@@ -44,6 +44,7 @@ mod signals;
 mod stream_costs;
 mod support;
 mod tls;
+mod tls_edges;
 mod upstream_records;
 mod upstreams;
 
