@@ -250,12 +250,16 @@ pub async fn start_with(
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
     let descriptors = Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics))));
     let upstreams = build_upstreams(&config, &store.load().policy, &descriptors, &metrics)?;
+    let buffers = Arc::new(BufferBudget::new(
+        config.max_buffered_bytes,
+        upstreams.iter().count(),
+    ));
     let parts = Parts {
         metrics: Arc::clone(&metrics),
         store: Arc::new(store),
         pressure: Arc::clone(&upstreams.default_upstream().pressure),
         upstreams,
-        buffers: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
+        buffers,
         devices: Arc::new(crate::devices::DeviceTable::new(
             config.max_devices,
             sources.now(),
@@ -408,6 +412,8 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     let mut upkeep = 0u32;
     // Each upstream's seconds spent shedding, by its place in the table.
     let mut shedding = vec![0.0f64; parts.upstreams.iter().count()];
+    // Their capacities, for the shares of the buffered bytes.
+    let mut capacities = Vec::with_capacity(shedding.len());
     // The devices past their floor, counted a tenth of the table each second.
     let (mut floor_part, mut past_floor) = (0usize, 0u64);
     loop {
@@ -426,6 +432,10 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
                 shedding,
             );
         }
+        // Each upstream's share of the buffered bytes follows its capacity.
+        capacities.clear();
+        capacities.extend(parts.upstreams.iter().map(|up| up.pressure.capacity()));
+        parts.buffers.rebalance(&capacities);
         #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
         m.buffered_bytes.set(parts.buffers.used() as f64);
         last = now;

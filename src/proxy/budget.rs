@@ -42,7 +42,7 @@ pub(super) async fn hold_for_room(
         Ok(guard) => Ok(Some(guard)),
         Err(()) => Err(shed_outside_decide(
             shared,
-            upstream,
+            Some(upstream),
             snapshot,
             stream,
             ShedReason::Budget,

@@ -35,7 +35,7 @@ use http::header::HeaderName;
 pub use body::{GuardedBody, TimedBody};
 pub use future::ResponseFuture;
 pub use layer::AdmissionLayer;
-pub use memory::BufferBudget;
+pub use memory::{BufferBudget, Charge, IDLE_AFTER};
 pub use service::Admission;
 
 use crate::clock::Sources;

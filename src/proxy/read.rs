@@ -15,7 +15,7 @@ use tower::Service;
 use super::Shared;
 use super::budget::{capped, hold_for_room};
 use super::forward::{Delivery, forward, reject};
-use super::memory::{Budgeted, OverBudget, Reservation};
+use super::memory::{Budgeted, Charge, OverBudget, Reservation};
 use super::resolve::upstream_of;
 use super::shed::shed_outside_decide;
 use crate::BoxError;
@@ -56,8 +56,17 @@ where
     let stream = read_as.known.flatten();
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
+    // The upstream the request goes to, when settled before its body is read: its route
+    // names one, or its stream is known (a header, a fixed stream). Its body is charged to
+    // that upstream's share of the buffered bytes; a body that names its own stream, on a
+    // route naming no upstream, is charged to the unrouted account until it is read.
+    let route = read_as.route.map(|(i, _)| i);
+    let settled = (read_as.known.is_some()
+        || route.is_some_and(|i| snapshot.policy.routes()[i].upstream.is_some()))
+    .then(|| upstream_of(&shared.upstreams, &snapshot.policy, route, stream));
+    let charge = settled.map_or(Charge::Unrouted, Charge::Upstream);
     // Held until the body has been forwarded (the end of this function) or refused.
-    let reservation = Reservation::new(Arc::clone(&shared.buffers));
+    let reservation = Reservation::new(Arc::clone(&shared.buffers), charge);
     let read = tokio::time::timeout(
         settings.body_read_timeout,
         Limited::new(Budgeted::new(body, reservation.clone()), limit).collect(),
@@ -65,15 +74,13 @@ where
     let bytes = match read.await {
         Err(_) => return reject(&shared, &snapshot, stream, None, Rejection::BodyTimeout),
         Ok(Err(e)) if e.is::<OverBudget>() => {
-            // Shed before its decision, but offered all the same: its one arrival.
-            let upstream = upstream_of(
-                &shared.upstreams,
-                &snapshot.policy,
-                read_as.route.map(|(i, _)| i),
-                stream,
-            );
-            shared.upstreams[upstream].pressure.arrive();
-            return shed_outside_decide(&shared, upstream, &snapshot, stream, ShedReason::Memory);
+            // Shed before its decision, but offered all the same: its one arrival, at its
+            // upstream when that is settled; otherwise at none (its stream, in the unread
+            // body, would have said which).
+            if let Some(upstream) = settled {
+                shared.upstreams[upstream].pressure.arrive();
+            }
+            return shed_outside_decide(&shared, settled, &snapshot, stream, ShedReason::Memory);
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             let rejection = Rejection::PayloadTooLarge {
@@ -137,7 +144,6 @@ where
     );
     drop(readable); // the inflated copy is not kept while the request is forwarded
     let m = &snapshot.metrics;
-    let route = read_as.route.map(|(i, _)| i);
     if facts.body == BodyState::Opaque {
         m.opaque(route);
     }

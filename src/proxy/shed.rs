@@ -16,10 +16,12 @@ use crate::upstream::UpstreamId;
 /// class's wait ran out: [`ShedReason::Budget`]; the buffered bytes ran out:
 /// [`ShedReason::Memory`]): 503 + `Retry-After` with the explanation (at the pressure of
 /// `upstream`, the request's), counted like any shed, and logged. The sender keeps the
-/// event and resends.
+/// event and resends. `upstream` is `None` for a memory shed before the body said where the
+/// request goes: counted with `upstream="none"`, explained as bound for `none`, its
+/// `Retry-After` drawn at the default upstream's pressure.
 pub(super) fn shed_outside_decide(
     shared: &Shared,
-    upstream: UpstreamId,
+    upstream: Option<UpstreamId>,
     snapshot: &Snapshot,
     stream: Option<StreamId>,
     reason: ShedReason,
@@ -43,20 +45,31 @@ pub(super) fn shed_outside_decide(
         | ShedReason::Superseded
         | ShedReason::Pressure => {}
     }
-    let pressure = shared.upstreams[upstream].pressure.pressure();
+    let pressure = shared.upstreams[upstream.unwrap_or(UpstreamId::DEFAULT)]
+        .pressure
+        .pressure();
     let decision = crate::admission::Decision::shed_by(reason, policy, pressure);
     let m = &snapshot.metrics;
     m.shed(stream, None, decision.verdict);
-    m.request(stream, Some(upstream), Outcome::Shed);
+    m.request(stream, upstream, Outcome::Shed);
     m.counts(stream).shed(reason, shared.sources().now());
+    let mut explanation = Explanation::new(
+        policy,
+        name,
+        upstream.unwrap_or(UpstreamId::DEFAULT),
+        &decision,
+    );
+    if upstream.is_none() {
+        crate::metrics::NO_UPSTREAM.clone_into(&mut explanation.upstream);
+    }
     let mut response = Rejection::Shed {
-        explanation: Explanation::new(policy, name, upstream, &decision),
+        explanation,
         retry_after: retry_after(pressure, shared.sources().draw(), policy.retry_after()),
     }
     .into_response();
     shared.note(&mut response, || Note {
         stream,
-        upstream: Some(upstream),
+        upstream,
         outcome: Some(Outcome::Shed),
         reason: Some(reason.as_str()),
         rule: Some(decision.rule),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -204,4 +204,198 @@ async fn slow_senders_cannot_hold_more_than_the_buffer_budget() {
         peak < BUDGET + OVERHEAD,
         "peak RSS {peak} B over the budget {BUDGET} B + {OVERHEAD} B"
     );
+}
+
+/// The per-upstream budget's world: `--max-buffered-bytes` of [`SMALL`] split between
+/// `default` (`sensor.reading`) and `slow` (`vehicle.position`, an upstream that takes
+/// [`SLOW`] to answer, so the bodies bound for it stay held), both of capacity 100
+/// (`--max-inflight`): shares of half each. `/mixed` names its stream in the body and no
+/// upstream. Pressure is pinned at 0 on both: only memory sheds here.
+struct TwoShares {
+    default: MockUpstream,
+    slow: MockUpstream,
+    _policy: PolicyDir,
+    proxy: shedgate::app::Running,
+}
+
+const SMALL: u64 = 40_000;
+const PIECE: usize = 4_000;
+const SLOW: Duration = Duration::from_secs(20);
+
+async fn two_shares() -> TwoShares {
+    let default = MockUpstream::start().await;
+    let slow = MockUpstream::with(Behaviour {
+        delay: SLOW,
+        ..Behaviour::default()
+    })
+    .await;
+    let streams = format!(
+        "{}\n[upstreams.slow]\nurl = \"{}\"\n\n[[routes]]\nprefix = \"/mixed\"\nstream_field = \"/kind\"\n",
+        SEED_STREAMS.replace(
+            "[streams.\"vehicle.position\"]\n",
+            "[streams.\"vehicle.position\"]\nupstream = \"slow\"\n",
+        ),
+        slow.url()
+    );
+    let policy = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let proxy = spawn_proxy_with(&default.url(), policy.path(), |a| {
+        a.max_buffered_bytes = Some(SMALL);
+        a.max_body = Some(SMALL);
+        a.max_inflight = Some(100);
+    })
+    .await;
+    for upstream in ["default", "slow"] {
+        let req = Request::put(format!(
+            "http://{}/pressure?upstream={upstream}",
+            proxy.admin_addr
+        ))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(b"{\"pin\": 0.0}")))
+        .unwrap();
+        assert!(send(req).await.status.is_success());
+    }
+    TwoShares {
+        default,
+        slow,
+        _policy: policy,
+        proxy,
+    }
+}
+
+/// An event of exactly [`PIECE`] bytes, of `kind` when given (for `/mixed`).
+fn piece(kind: Option<&str>) -> Bytes {
+    let head = match kind {
+        Some(kind) => {
+            format!(r#"{{"kind":"{kind}","device_id":"veh-1","lat":48.1,"lon":11.5,"pad":""#)
+        }
+        None => r#"{"device_id":"veh-1","lat":48.1,"lon":11.5,"pad":""#.to_owned(),
+    };
+    let mut body = head.into_bytes();
+    body.resize(PIECE - 2, b'x');
+    body.extend_from_slice(b"\"}");
+    Bytes::from(body)
+}
+
+impl TwoShares {
+    fn request(&self, path: &str, stream: Option<&str>, body: Bytes) -> Request<Full<Bytes>> {
+        let mut req = Request::post(format!("http://{}{path}", self.proxy.proxy_addr))
+            .header("content-type", "application/json");
+        if let Some(stream) = stream {
+            req = req.header("x-stream", stream);
+        }
+        req.body(Full::new(body)).unwrap()
+    }
+
+    /// Sends `n` requests of `stream` to `slow` at once; returns their tasks once every one
+    /// is either held by `slow` or answered (the answered ones' statuses and shed reasons).
+    async fn hold_at_slow(
+        &self,
+        n: usize,
+    ) -> (
+        tokio::task::JoinSet<Answer>,
+        Vec<(StatusCode, Option<String>)>,
+    ) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let req = self.request("/ingest", Some("vehicle.position"), piece(None));
+            tasks.spawn(send(req));
+        }
+        let mut answered = Vec::new();
+        while self.slow.count() + answered.len() < n {
+            tokio::select! {
+                Some(done) = tasks.join_next() => {
+                    let a = done.unwrap();
+                    answered.push((a.status, a.header("x-shed-reason").map(str::to_owned)));
+                }
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        (tasks, answered)
+    }
+
+    fn slow_id(&self) -> shedgate::proxy::Charge {
+        let id = self
+            .proxy
+            .parts
+            .store
+            .load()
+            .policy
+            .upstream("slow")
+            .unwrap();
+        shedgate::proxy::Charge::Upstream(id)
+    }
+}
+
+/// Bodies held for a slow upstream take its share and no more while the other upstream is
+/// busy: the other's requests within its share are never shed for memory, and the process
+/// total is never exceeded.
+#[tokio::test]
+async fn a_slow_upstreams_bodies_cannot_take_a_busy_upstreams_share() {
+    let t = two_shares().await;
+    let buffers = &t.proxy.parts.buffers;
+    assert_eq!(buffers.share_of(t.slow_id()), SMALL / 2);
+    // `default` is busy: its share is claimed.
+    let first = send(t.request("/ingest", Some("sensor.reading"), piece(None))).await;
+    assert_eq!(first.status, StatusCode::OK);
+    // Ten bodies for `slow`: five fill its share and are held there, five are shed.
+    let (_held, answered) = t.hold_at_slow(10).await;
+    assert_eq!(t.slow.count(), 5, "{answered:?}");
+    assert_eq!(answered.len(), 5);
+    for (status, reason) in &answered {
+        assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(reason.as_deref(), Some("memory"));
+    }
+    assert_eq!(buffers.used_by(t.slow_id()), SMALL / 2);
+    // `default` reads up to its share all the while: five at once, none shed.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        tasks.spawn(send(t.request(
+            "/ingest",
+            Some("sensor.reading"),
+            piece(None),
+        )));
+    }
+    while let Some(done) = tasks.join_next().await {
+        let a = done.unwrap();
+        assert_eq!(a.status, StatusCode::OK, "{:?}", a.header("x-shed-reason"));
+        assert!(buffers.used() <= SMALL);
+    }
+    assert_eq!(t.default.count(), 6);
+    assert!(buffers.used() <= SMALL);
+}
+
+/// An upstream alone borrows the whole budget; a body whose stream is in the body, on a
+/// route that names no upstream, is shed for memory when nothing is left, counted with
+/// `upstream="none"` and offered to no upstream's controller.
+#[tokio::test]
+async fn one_upstream_alone_uses_the_whole_budget_and_an_unrouted_shed_counts_at_none() {
+    let t = two_shares().await;
+    let buffers = &t.proxy.parts.buffers;
+    let (_held, answered) = t.hold_at_slow(10).await;
+    assert!(answered.is_empty(), "{answered:?}");
+    assert_eq!(t.slow.count(), 10);
+    assert_eq!(buffers.used_by(t.slow_id()), SMALL);
+    assert_eq!(buffers.used(), SMALL);
+    let upstreams = &t.proxy.parts.upstreams;
+    let arrivals = |name: &str| upstreams.named(name).unwrap().pressure.arrivals();
+    let (default_before, slow_before) = (arrivals("default"), arrivals("slow"));
+    // Its stream would send it to `slow`, but that is known only once it is read.
+    let shed = send(t.request("/mixed", None, piece(Some("vehicle.position")))).await;
+    assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.header("x-shed-reason"), Some("memory"));
+    assert_eq!(shed.json()["upstream"], "none", "{:?}", shed.json());
+    assert_eq!(arrivals("default"), default_before, "no arrival on default");
+    assert_eq!(arrivals("slow"), slow_before);
+    let text = scrape(&t.proxy).await;
+    let requests = |upstream| {
+        metric(
+            &text,
+            "shedgate_requests_total",
+            &[("outcome", "shed"), ("upstream", upstream)],
+        )
+    };
+    assert_eq!(requests("none"), 1.0, "{text}");
+    assert_eq!(requests("default"), 0.0);
+    assert_eq!(t.default.count(), 0);
+    assert!(buffers.used() <= SMALL);
 }
