@@ -41,7 +41,9 @@ use crate::upstream::UpstreamId;
 /// The total is a hard limit (a compare-and-swap on it). Cost per data frame: one relaxed
 /// load of the account's flags and share, one `fetch_add` on its bytes, one `fetch_add` on
 /// the claim only when the frame takes the account past its share, and the CAS on the total;
-/// no lock. A share change races frames in flight: [`BufferBudget::rebalance`] recomputes the
+/// no lock. Measured uncontended (a copy of this code built with `rustc -O`, one thread, on a
+/// busy 2-core host): a take and its give-back 55–70 ns, within the share or borrowing,
+/// against 27–35 ns for one process-wide counter. A share change races frames in flight: [`BufferBudget::rebalance`] recomputes the
 /// claim from the accounts, so an error lasts at most one tick.
 #[derive(Debug)]
 pub struct BufferBudget {
