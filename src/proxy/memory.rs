@@ -272,6 +272,9 @@ impl BufferBudget {
     }
 
     fn give_back(&self, charge: Charge, n: u64) {
+        if n == 0 {
+            return;
+        }
         let account = self.account(charge);
         let claiming = account.claiming.load(Ordering::Relaxed);
         self.release(account, n, account.share.load(Ordering::Relaxed), claiming);
