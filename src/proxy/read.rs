@@ -57,13 +57,16 @@ where
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
     // The upstream the request goes to, when settled before its body is read: its route
-    // names one, or its stream is known (a header, a fixed stream). Its body is charged to
-    // that upstream's share of the buffered bytes; a body that names its own stream, on a
-    // route naming no upstream, is charged to the unrouted account until it is read.
+    // names one, its stream is known (a header, a fixed stream), or the policy has one
+    // upstream. Its body is charged to that upstream's share of the buffered bytes; a body
+    // that names its own stream, on a route naming no upstream, is charged to the unrouted
+    // account until it is read.
     let route = read_as.route.map(|(i, _)| i);
+    let policy = &snapshot.policy;
     let settled = (read_as.known.is_some()
-        || route.is_some_and(|i| snapshot.policy.routes()[i].upstream.is_some()))
-    .then(|| upstream_of(&shared.upstreams, &snapshot.policy, route, stream));
+        || policy.upstreams().len() == 1
+        || route.is_some_and(|i| policy.routes()[i].upstream.is_some()))
+    .then(|| upstream_of(&shared.upstreams, policy, route, stream));
     let charge = settled.map_or(Charge::Unrouted, Charge::Upstream);
     // Held until the body has been forwarded (the end of this function) or refused.
     let reservation = Reservation::new(Arc::clone(&shared.buffers), charge);
