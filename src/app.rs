@@ -178,6 +178,17 @@ fn build_upstreams(
     Ok(Upstreams::new(table))
 }
 
+/// Whether `policy` can leave a body's upstream unknown until the body is read: a route
+/// naming no upstream, while a stream names one other than `default` (the body-memory
+/// budget then keeps an account for such bodies, `proxy::BufferBudget::rebalance`).
+fn unrouted_bodies(policy: &crate::policy::Policy) -> bool {
+    policy.routes().iter().any(|r| r.upstream.is_none())
+        && policy.streams().iter().any(|s| {
+            s.upstream
+                .is_some_and(|u| u != crate::policy::UpstreamId::DEFAULT)
+        })
+}
+
 /// A running proxy.
 #[derive(Debug)]
 pub struct Running {
@@ -254,6 +265,11 @@ pub async fn start_with(
         config.max_buffered_bytes,
         upstreams.iter().count(),
     ));
+    // Shares from the start (each upstream's capacity unlearned), as every tick sets them.
+    buffers.rebalance(
+        &vec![u32::MAX; upstreams.iter().count()],
+        unrouted_bodies(&store.load().policy),
+    );
     let parts = Parts {
         metrics: Arc::clone(&metrics),
         store: Arc::new(store),
@@ -435,7 +451,8 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         // Each upstream's share of the buffered bytes follows its capacity.
         capacities.clear();
         capacities.extend(parts.upstreams.iter().map(|up| up.pressure.capacity()));
-        parts.buffers.rebalance(&capacities);
+        let unrouted = unrouted_bodies(&parts.store.load().policy);
+        parts.buffers.rebalance(&capacities, unrouted);
         #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
         m.buffered_bytes.set(parts.buffers.used() as f64);
         last = now;

@@ -35,8 +35,11 @@ use crate::upstream::UpstreamId;
 ///   claims the share back at once, and what a borrower already holds returns as its bodies
 ///   end (a borrower takes no more while the claim is over the limit).
 /// - A body whose upstream is not known before it is read (its stream named in the body,
-///   its route naming no upstream) is charged to the **unrouted** account, of share 0: it
-///   borrows only unclaimed memory.
+///   its route naming no upstream) is charged to the **unrouted** account. Where the policy
+///   allows such bodies (`unrouted` in [`BufferBudget::rebalance`]: a route naming no
+///   upstream while a stream names one other than `default`), it has a share as an upstream
+///   of the mean capacity has, claimed and lent as theirs are, so busy upstreams never starve
+///   those routes; elsewhere its share is 0.
 ///
 /// The total is a hard limit (a compare-and-swap on it). Cost per data frame: one relaxed
 /// load of the account's flags and share, one `fetch_add` on its bytes, one `fetch_add` on
@@ -101,7 +104,7 @@ impl BufferBudget {
             claimed: AtomicI64::new(0),
             accounts,
         };
-        budget.set_shares(&vec![u32::MAX; upstreams]);
+        budget.set_shares(&vec![u32::MAX; upstreams], false);
         budget
     }
 
@@ -127,11 +130,13 @@ impl BufferBudget {
 
     /// Once a tick: sets each upstream's share from `capacities` (its in-flight capacity, by
     /// [`UpstreamId`] index; `u32::MAX` while not learned: such an upstream weighs as the
-    /// mean of the learned ones, and all weigh alike while none is), lets the share of an
-    /// account idle for [`IDLE_AFTER`] ticks go, and recomputes the claim.
-    pub fn rebalance(&self, capacities: &[u32]) {
-        self.set_shares(capacities);
-        for account in self.upstream_accounts() {
+    /// mean of the learned ones, and all weigh alike while none is) and, when `unrouted` (the
+    /// policy can leave a body's upstream unknown until it is read), the unrouted account's
+    /// as an upstream of the mean capacity; lets the share of an account idle for
+    /// [`IDLE_AFTER`] ticks go, and recomputes the claim.
+    pub fn rebalance(&self, capacities: &[u32], unrouted: bool) {
+        self.set_shares(capacities, unrouted);
+        for account in self.accounts.iter() {
             let idle = if account.touched.swap(false, Ordering::Relaxed)
                 || account.used.load(Ordering::Relaxed) > 0
             {
@@ -161,7 +166,7 @@ impl BufferBudget {
         );
     }
 
-    fn set_shares(&self, capacities: &[u32]) {
+    fn set_shares(&self, capacities: &[u32], unrouted: bool) {
         let learned: Vec<u64> = capacities
             .iter()
             .filter(|c| **c != u32::MAX)
@@ -171,6 +176,8 @@ impl BufferBudget {
             0 => 1,
             n => (learned.iter().sum::<u64>() / n as u64).max(1),
         };
+        // The unrouted account weighs as an upstream of the mean capacity where the policy
+        // can leave a body's upstream unknown until it is read, and nothing elsewhere.
         let weights: Vec<u64> = capacities
             .iter()
             .map(|c| {
@@ -180,19 +187,15 @@ impl BufferBudget {
                     u64::from(*c)
                 }
             })
+            .chain(std::iter::once(if unrouted { unlearned } else { 0 }))
             .collect();
         let sum: u128 = weights.iter().map(|w| u128::from(*w)).sum::<u128>().max(1);
-        for (account, weight) in self.upstream_accounts().zip(&weights) {
+        for (account, weight) in self.accounts.iter().zip(&weights) {
             let share = u128::from(self.limit) * u128::from(*weight) / sum;
             account
                 .share
                 .store(u64::try_from(share).unwrap_or(u64::MAX), Ordering::Relaxed);
         }
-    }
-
-    /// The upstreams' accounts (not the unrouted one).
-    fn upstream_accounts(&self) -> impl Iterator<Item = &Account> {
-        self.accounts[..self.accounts.len() - 1].iter()
     }
 
     fn account(&self, charge: Charge) -> &Account {
@@ -212,8 +215,7 @@ impl BufferBudget {
             account.touched.store(true, Ordering::Relaxed);
         }
         let share = account.share.load(Ordering::Relaxed);
-        let unrouted = matches!(charge, Charge::Unrouted);
-        if !unrouted && !account.claiming.load(Ordering::Relaxed) {
+        if !account.claiming.load(Ordering::Relaxed) {
             // Back from idle: its share counts again, at once.
             if account
                 .claiming
@@ -224,7 +226,7 @@ impl BufferBudget {
                 self.add_claim(share.saturating_sub(used));
             }
         }
-        let claiming = !unrouted;
+        let claiming = true;
         let before = account.used.fetch_add(n, Ordering::AcqRel);
         let grow = account.claim(before.saturating_add(n), share, claiming)
             - account.claim(before, share, claiming);
@@ -404,7 +406,7 @@ mod tests {
     fn a_busy_upstream_keeps_its_share_from_a_borrower() {
         // Capacities 30 and 10: shares 75 and 25 of 100.
         let budget = Arc::new(BufferBudget::new(100, 2));
-        budget.rebalance(&[30, 10]);
+        budget.rebalance(&[30, 10], false);
         assert_eq!((budget.share_of(up(0)), budget.share_of(up(1))), (75, 25));
         // B is busy (it took memory): its share is claimed.
         let b = Reservation::new(Arc::clone(&budget), up(1));
@@ -428,7 +430,7 @@ mod tests {
     fn an_upstream_alone_borrows_the_whole_limit_and_an_idle_one_claims_its_share_back() {
         let budget = Arc::new(BufferBudget::new(100, 2));
         // Equal shares before any capacity is learned.
-        budget.rebalance(&[u32::MAX, u32::MAX]);
+        budget.rebalance(&[u32::MAX, u32::MAX], false);
         assert_eq!((budget.share_of(up(0)), budget.share_of(up(1))), (50, 50));
         let a = Reservation::new(Arc::clone(&budget), up(0));
         assert!(a.take(100), "B never took memory: its share is lent");
@@ -445,30 +447,26 @@ mod tests {
         drop((a, b));
         // Idle for IDLE_AFTER ticks after the one that saw it busy, B's share is lent again.
         for _ in 0..=IDLE_AFTER {
-            budget.rebalance(&[u32::MAX, u32::MAX]);
+            budget.rebalance(&[u32::MAX, u32::MAX], false);
         }
         let a = Reservation::new(Arc::clone(&budget), up(0));
         assert!(a.take(100));
     }
 
     #[test]
-    fn unrouted_bodies_borrow_only_unclaimed_memory() {
+    fn unrouted_bodies_have_a_share_of_their_own() {
+        // Two upstreams of 10 and 30, the unrouted account weighing as their mean (20): 100
+        // bytes shared 16, 50 and 33.
         let budget = Arc::new(BufferBudget::new(100, 2));
-        budget.rebalance(&[10, 30]);
-        assert_eq!(budget.share_of(Charge::Unrouted), 0);
+        budget.rebalance(&[10, 30], true);
+        assert_eq!(budget.share_of(Charge::Unrouted), 33);
         let a = Reservation::new(Arc::clone(&budget), up(0));
-        assert!(a.take(1));
+        let b = Reservation::new(Arc::clone(&budget), up(1));
+        assert!(a.take(16) && b.take(50), "both busy, within their shares");
         let u = Reservation::new(Arc::clone(&budget), Charge::Unrouted);
-        assert!(u.take(75), "B's share is idle");
-        assert!(!u.take(1), "A's is claimed");
-        assert!(a.take(24));
-        drop((a, u));
+        assert!(u.take(33), "busy upstreams leave the unrouted share");
+        assert!(!u.take(2), "and no more: the others' shares are claimed");
+        drop((a, b, u));
         assert_eq!(budget.used(), 0);
-        budget.rebalance(&[10, 30]);
-        assert_eq!(
-            budget.claimed.load(Ordering::Relaxed),
-            25,
-            "A's share, claimed"
-        );
     }
 }
