@@ -3,6 +3,7 @@
 //! rejections become responses, and the access-log line of a head hyper's parser answered
 //! itself.
 
+mod answer;
 pub mod client;
 pub mod descriptors;
 pub mod framing;
