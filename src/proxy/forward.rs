@@ -56,10 +56,7 @@ pub(super) struct Delivery {
 /// Forwards an admitted request to `upstream` (through `inner`, which sends it to the
 /// request's [`Target`]), counting it in flight there until its response body ends. A fix of
 /// a device (`delivery`) the upstream answers 2xx ends the device's silence.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the request, where it goes, and what it holds, by name"
-)]
+#[expect(clippy::too_many_arguments, reason = "a request's parts, by name")]
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
     inner: S,

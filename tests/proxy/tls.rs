@@ -51,10 +51,7 @@ impl Ca {
     /// the real clock, which the TLS client checks it against, and by the tests' clock
     /// ([`NOW`]), which the proxy checks it against.
     pub(crate) fn leaf(&self, days: i64) -> Leaf {
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "certificate validity is checked against the wall clock"
-        )]
+        #[expect(clippy::disallowed_methods, reason = "clients check the wall clock")]
         let now = time::OffsetDateTime::now_utc();
         let test_now = now_utc();
         self.leaf_between(

@@ -56,10 +56,7 @@ pub struct TlsSettings {
 /// rustls' provider here: `ring` (docs/dependencies.md "rustls" says why), with its default
 /// suites and key-exchange groups (X25519, P-256, P-384: no post-quantum hybrid, which
 /// rustls offers with aws-lc-rs only; hence the deprecation since rustls 0.23.48).
-#[expect(
-    deprecated,
-    reason = "ring has no post-quantum key exchange; chosen for its build cost (docs/dependencies.md)"
-)]
+#[expect(deprecated, reason = "ring: cheap to build, no post-quantum kx")]
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
