@@ -182,11 +182,7 @@ fn build_upstreams(
 /// naming no upstream, while a stream names one other than `default` (the body-memory
 /// budget then keeps an account for such bodies, `proxy::BufferBudget::rebalance`).
 fn unrouted_bodies(policy: &crate::policy::Policy) -> bool {
-    policy.routes().iter().any(|r| r.upstream.is_none())
-        && policy.streams().iter().any(|s| {
-            s.upstream
-                .is_some_and(|u| u != crate::policy::UpstreamId::DEFAULT)
-        })
+    policy.streams_leave_default() && policy.routes().iter().any(|r| r.upstream.is_none())
 }
 
 /// A running proxy.

@@ -484,6 +484,11 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
 
     let version = files.version();
 
+    // Whether a body naming its own stream may go elsewhere than `default`: read by the
+    // request path and the body-memory shares, so computed once here.
+    let streams_leave_default = streams
+        .iter()
+        .any(|s| s.upstream.is_some_and(|u| u != UpstreamId::DEFAULT));
     Ok(Compiled {
         policy: Policy {
             version,
@@ -504,6 +509,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             upstreams: upstreams.specs,
             upstream_index: upstreams.index,
             upstreams_named_at: upstreams.first,
+            streams_leave_default,
         },
         warnings,
         notes,

@@ -320,6 +320,7 @@ pub struct Policy {
     upstreams: Vec<UpstreamSpec>,
     upstream_index: Lookup<String, UpstreamId>,
     upstreams_named_at: Option<Location>,
+    streams_leave_default: bool,
 }
 
 /// What a device id must be for a decision to read its device's history (docs/decision.md

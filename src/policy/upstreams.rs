@@ -350,6 +350,13 @@ impl Policy {
     pub fn upstreams_named_at(&self) -> Option<&Location> {
         self.upstreams_named_at.as_ref()
     }
+
+    /// Whether a stream names an upstream other than `default`: else every stream goes to
+    /// `default` unless its route names another, so a body naming its own stream has its
+    /// upstream settled before it is read. Computed when the policy compiles.
+    pub fn streams_leave_default(&self) -> bool {
+        self.streams_leave_default
+    }
 }
 
 #[cfg(test)]

@@ -58,18 +58,14 @@ where
     let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
     // The upstream the request goes to, when settled before its body is read: its stream is
     // known (a header, a fixed stream), its route names one, or no stream names an upstream
-    // but `default` (so every stream the body may name goes to `default`; a scan of the
-    // streams, for body-named streams alone). Its body is charged to that upstream's share
-    // of the buffered bytes; a body that names its own stream, on a route naming no
-    // upstream, is charged to the unrouted account until it is read.
+    // but `default` (so every stream the body may name goes to `default`). Its body is
+    // charged to that upstream's share of the buffered bytes; a body that names its own
+    // stream, on a route naming no upstream, is charged to the unrouted account until read.
     let route = read_as.route.map(|(i, _)| i);
     let policy = &snapshot.policy;
     let settled = (read_as.known.is_some()
         || route.is_some_and(|i| policy.routes()[i].upstream.is_some())
-        || policy
-            .streams()
-            .iter()
-            .all(|s| s.upstream.is_none_or(|u| u == UpstreamId::DEFAULT)))
+        || !policy.streams_leave_default())
     .then(|| upstream_of(&shared.upstreams, policy, route, stream));
     let charge = settled.map_or(Charge::Unrouted, Charge::Upstream);
     // Held until the body has been forwarded (the end of this function) or refused.
