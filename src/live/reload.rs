@@ -96,17 +96,9 @@ async fn run(
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recheck.tick().await;
     loop {
-        let hangup = async {
-            match &mut hangups {
-                Some(h) => h.next().await,
-                None => std::future::pending().await,
-            }
-        };
-        let trigger = tokio::select! {
-            Some(()) = rx.recv() => Trigger::Watch,
-            _ = recheck.tick() => Trigger::Periodic,
-            () = hangup => Trigger::Signal,
-            _ = shutdown.wait_for(|s| *s) => return,
+        let Some(trigger) = next_trigger(&mut rx, &mut recheck, &mut hangups, &mut shutdown).await
+        else {
+            return;
         };
         match trigger {
             Trigger::Watch => {
@@ -251,6 +243,28 @@ impl DirWatcher {
             set,
             dead,
         })
+    }
+}
+
+/// What wakes a reload loop next: a file event on `rx` ([`Trigger::Watch`]), the periodic
+/// `recheck`, or SIGHUP (`hangups`, when the process has them); `None` once `shutdown` is set.
+pub(crate) async fn next_trigger(
+    rx: &mut mpsc::UnboundedReceiver<()>,
+    recheck: &mut tokio::time::Interval,
+    hangups: &mut Option<Hangups>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Trigger> {
+    let hangup = async {
+        match hangups {
+            Some(h) => h.next().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        Some(()) = rx.recv() => Some(Trigger::Watch),
+        _ = recheck.tick() => Some(Trigger::Periodic),
+        () = hangup => Some(Trigger::Signal),
+        _ = shutdown.wait_for(|s| *s) => None,
     }
 }
 

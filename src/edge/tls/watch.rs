@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::pair::{CertificateStore, PairError, Reload};
 use crate::live::debounce::Quiet;
+use crate::live::reload::{Trigger, next_trigger};
 use crate::signals::Hangups;
 
 /// Reads the files again off the async workers and swaps in a new valid pair
@@ -53,29 +54,20 @@ pub fn spawn(
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         recheck.tick().await;
         loop {
-            let hangup = async {
-                match &mut hangups {
-                    Some(h) => h.next().await,
-                    None => std::future::pending().await,
-                }
-            };
-            // 0: a file event, 1: the re-check, 2: SIGHUP.
-            let trigger = tokio::select! {
-                Some(()) = rx.recv() => 0,
-                _ = recheck.tick() => 1,
-                () = hangup => 2,
-                _ = shutdown.wait_for(|s| *s) => return,
+            let Some(trigger) =
+                next_trigger(&mut rx, &mut recheck, &mut hangups, &mut shutdown).await
+            else {
+                return;
             };
             match trigger {
-                0 => settle(&mut rx).await,
-                1 if watcher.as_ref().is_none_or(DirsWatcher::dead) => {
+                Trigger::Watch => settle(&mut rx).await,
+                Trigger::Periodic if watcher.as_ref().is_none_or(DirsWatcher::dead) => {
                     watcher = DirsWatcher::start(&store, &tx);
                 }
                 _ => {}
             }
-            let signal = trigger == 2;
             let outcome = reload(&store).await;
-            if signal {
+            if trigger == Trigger::Signal {
                 tracing::info!(?outcome, "TLS certificate reload on SIGHUP");
             }
         }
