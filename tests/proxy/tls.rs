@@ -172,6 +172,18 @@ pub(crate) fn handshakes(text: &str, outcome: &str) -> f64 {
     )
 }
 
+/// The serving certificate's expiry the proxy exports, unix seconds.
+fn expiry(text: &str) -> i64 {
+    let seconds = metric(
+        text,
+        "shedgate_tls_certificate_expiry_timestamp_seconds",
+        &[],
+    );
+    #[expect(clippy::cast_possible_truncation, reason = "whole unix seconds")]
+    let seconds = seconds as i64;
+    seconds
+}
+
 pub(crate) fn reloads(text: &str, outcome: &str) -> f64 {
     metric(text, "shedgate_tls_reloads_total", &[("outcome", outcome)])
 }
@@ -211,16 +223,7 @@ async fn a_request_over_tls_is_decided_and_forwarded_as_https() {
     assert_eq!(seen.headers["forwarded"], "for=127.0.0.1;proto=https");
     let text = scrape(&proxy).await;
     assert_eq!(handshakes(&text, "completed"), 1.0);
-    #[expect(clippy::cast_precision_loss, reason = "unix seconds")]
-    let expiry = leaf.not_after as f64;
-    assert_eq!(
-        metric(
-            &text,
-            "shedgate_tls_certificate_expiry_timestamp_seconds",
-            &[]
-        ),
-        expiry
-    );
+    assert_eq!(expiry(&text), leaf.not_after);
 }
 
 #[tokio::test]
@@ -268,16 +271,7 @@ async fn files_renamed_over_rotate_new_handshakes_and_open_connections_keep_thei
     let text = scrape(&proxy).await;
     assert_eq!(reloads(&text, "swapped"), 1.0);
     assert_eq!(reloads(&text, "refused"), 0.0);
-    #[expect(clippy::cast_precision_loss, reason = "unix seconds")]
-    let expiry = new.not_after as f64;
-    assert_eq!(
-        metric(
-            &text,
-            "shedgate_tls_certificate_expiry_timestamp_seconds",
-            &[]
-        ),
-        expiry
-    );
+    assert_eq!(expiry(&text), new.not_after);
 }
 
 /// A cert-manager Secret mounted in Kubernetes: `tls.crt -> ..data/tls.crt`, and an update
