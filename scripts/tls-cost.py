@@ -26,7 +26,8 @@ Usage: scripts/tls-cost.py SHEDGATE [POLICIES]
 (POLICIES default: scripts/bench-policies.sh's copy of policies/, so that the harness body's
 fixed time is not stale; DUR seconds per run, default 6; ROUNDS, default 5; KEY ec|rsa.)
 Needs wrk, nginx (nginx-light), openssl and taskset; loopback ports chosen by the kernel.
-Prints each measurement, then the medians and a JSON line.
+Prints each measurement, then the medians with their quartiles, a Markdown table of the
+medians and a JSON line.
 """
 import json
 import os
@@ -242,4 +243,9 @@ for name in ("nginx TLS", "shedgate TLS", "shedgate plain"):
         line += f"   new connection {c[1]:7.1f} ({c[0]:.1f}-{c[2]:.1f})   its handshake {h[1]:7.1f} ({h[0]:.1f}-{h[2]:.1f})"
     print(line)
     out.append(row)
+print("\n| server | request, keep-alive µs | new connection µs | its handshake µs |\n|---|---|---|---|")
+for row in out:
+    conn = f"{row['connection_us']:.1f}" if "connection_us" in row else "–"
+    shake = f"{row['handshake_us']:.1f}" if "handshake_us" in row else "–"
+    print(f"| {row['server']} | {row['keepalive_us']:.1f} | {conn} | {shake} |")
 print("JSON " + json.dumps(out))
