@@ -12,7 +12,7 @@ interpreter: requests, cloudevents, standardwebhooks.
    `upstream` mode: counts every request it receives by its X-Check-Id), with the policy
    policies/examples/cases (its routes for CloudEvents and Standard Webhooks).
 2. testssl (protocols, cipher categories, ciphers per protocol, forward secrecy, server
-   preference and defaults, vulnerabilities; about 30 s) with --add-ca the test CA: fails on
+   preference and defaults, vulnerabilities; 30-50 s) with --add-ca the test CA: fails on
    a finding of severity HIGH or CRITICAL other than certificate trust or revocation, on
    TLS 1.0/1.1 or SSL offered, or on an accepted cipher that is not AEAD with forward
    secrecy. openssl s_client then tries TLS 1.0, 1.1 and CBC/RSA-key-exchange suites: the
