@@ -62,6 +62,7 @@ fn main() {
         },
         handshake_timeout: shedgate::edge::tls::HANDSHAKE_TIMEOUT,
         max_handshakes: 1,
+        http2: shedgate::edge::tls::Http2Limits::default(),
     };
     let server = shedgate::edge::tls::Tls::new(&settings, None, shedgate::clock::Sources::system())
         .expect("a valid pair");

@@ -175,6 +175,18 @@ pub struct ServeArgs {
     /// [default: 1024].
     #[arg(long, value_name = "N")]
     pub tls_max_handshakes: Option<usize>,
+    /// HTTP/2 (negotiated over TLS): streams a connection may have open at once, advertised
+    /// in SETTINGS; more are refused with REFUSED_STREAM [default: 128, nginx's].
+    #[arg(long, value_name = "N")]
+    pub h2_max_concurrent_streams: Option<u32>,
+    /// HTTP/2: streams a client may reset before the proxy accepts them, at once; past it the
+    /// connection is closed with GOAWAY ENHANCE_YOUR_CALM (rapid reset) [default: 20].
+    #[arg(long, value_name = "N")]
+    pub h2_max_pending_resets: Option<usize>,
+    /// HTTP/2: streams the proxy may reset for a client's errors over a connection's life;
+    /// past it the connection is closed with GOAWAY ENHANCE_YOUR_CALM [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub h2_max_error_resets: Option<usize>,
 }
 
 impl ServeArgs {

@@ -1,11 +1,12 @@
 //! TLS on the proxy listener (`--tls-cert`, `--tls-key`, `--tls-handshake-timeout`,
-//! `--tls-max-handshakes`), validated: both files or neither, and the pair checked now, so a
+//! `--tls-max-handshakes`) and HTTP/2 over it (`--h2-max-concurrent-streams`,
+//! `--h2-max-pending-resets`, `--h2-max-error-resets`), validated: both files or neither, and the pair checked now, so a
 //! broken pair is a config error at start with the reason a reload would log
 //! (docs/operations.md "TLS").
 
 use super::{ConfigError, ServeArgs, invalid};
 use crate::edge::tls::pair::{PairError, PairFiles};
-use crate::edge::tls::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, TlsSettings, provider};
+use crate::edge::tls::{HANDSHAKE_TIMEOUT, Http2Limits, MAX_HANDSHAKES, TlsSettings, provider};
 
 /// The TLS settings, `None` without `--tls-cert` and `--tls-key`.
 ///
@@ -22,6 +23,15 @@ pub(super) fn settings(args: &ServeArgs) -> Result<Option<TlsSettings>, ConfigEr
                     "tls-handshake-timeout",
                 ),
                 (args.tls_max_handshakes.is_some(), "tls-max-handshakes"),
+                (
+                    args.h2_max_concurrent_streams.is_some(),
+                    "h2-max-concurrent-streams",
+                ),
+                (
+                    args.h2_max_pending_resets.is_some(),
+                    "h2-max-pending-resets",
+                ),
+                (args.h2_max_error_resets.is_some(), "h2-max-error-resets"),
             ] {
                 if set {
                     return Err(invalid(key, "needs --tls-cert and --tls-key"));
@@ -66,9 +76,34 @@ pub(super) fn settings(args: &ServeArgs) -> Result<Option<TlsSettings>, ConfigEr
     if max_handshakes == 0 {
         return Err(invalid("tls-max-handshakes", "must be positive"));
     }
+    let defaults = Http2Limits::default();
+    let http2 = Http2Limits {
+        max_concurrent_streams: args
+            .h2_max_concurrent_streams
+            .unwrap_or(defaults.max_concurrent_streams),
+        max_pending_resets: args
+            .h2_max_pending_resets
+            .unwrap_or(defaults.max_pending_resets),
+        max_error_resets: args
+            .h2_max_error_resets
+            .unwrap_or(defaults.max_error_resets),
+    };
+    for (value, key) in [
+        (
+            usize::try_from(http2.max_concurrent_streams).unwrap_or(usize::MAX),
+            "h2-max-concurrent-streams",
+        ),
+        (http2.max_pending_resets, "h2-max-pending-resets"),
+        (http2.max_error_resets, "h2-max-error-resets"),
+    ] {
+        if value == 0 {
+            return Err(invalid(key, "must be positive"));
+        }
+    }
     Ok(Some(TlsSettings {
         files,
         handshake_timeout,
         max_handshakes,
+        http2,
     }))
 }

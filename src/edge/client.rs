@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::HeaderValue;
+use tokio::sync::Notify;
 
 /// The client's address, inserted into request extensions by the listener, with the two
 /// forwarding-header elements that name it, made once per connection (and again when a parked
@@ -59,20 +60,40 @@ impl ClientInfo {
     }
 }
 
-/// Set once shutdown has begun: `/healthz` answers 503 (readiness fails) and every answer
-/// carries `Connection: close`, while new connections are still served for the shutdown
-/// delay. Cheap to clone; shared by both listeners and the admin handlers.
+/// Set once shutdown has begun: `/healthz` answers 503 (readiness fails), every HTTP/1
+/// answer carries `Connection: close` and every HTTP/2 connection is sent `GOAWAY`
+/// ([`LameDuck::begun`]), while new connections are still served for the shutdown delay.
+/// Cheap to clone; shared by both listeners and the admin handlers.
 #[derive(Debug, Clone, Default)]
-pub struct LameDuck(Arc<AtomicBool>);
+pub struct LameDuck(Arc<LameDuckState>);
+
+#[derive(Debug, Default)]
+struct LameDuckState {
+    set: AtomicBool,
+    /// Notified once, when the phase begins.
+    begun: Notify,
+}
 
 impl LameDuck {
     /// Enters the lame-duck phase; there is no way back.
     pub fn begin(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.set.store(true, Ordering::Release);
+        self.0.begun.notify_waiters();
     }
 
     /// Whether the lame-duck phase has begun.
     pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.set.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the lame-duck phase has begun (at once if it has). The `Notified`
+    /// future is made before the flag is read: it receives `notify_waiters` from then on,
+    /// polled or not, so a phase that begins between the two is not missed.
+    pub async fn begun(&self) {
+        let notified = self.0.begun.notified();
+        if self.is_set() {
+            return;
+        }
+        notified.await;
     }
 }

@@ -117,6 +117,15 @@ impl Activity {
         self.answered.fetch_add(1, Ordering::Release);
     }
 
+    /// Requests handed to the service whose answers have not ended yet: an HTTP/2
+    /// connection's open streams (`edge::serve::h2`).
+    pub fn in_flight(&self) -> u64 {
+        let answered = self.answered.load(Ordering::Acquire);
+        self.requests
+            .load(Ordering::Relaxed)
+            .saturating_sub(answered)
+    }
+
     /// When the connection last became idle: the end of its last answer, or the accept.
     pub fn idle_since(&self) -> Instant {
         self.since + Duration::from_millis(self.last_done_ms.load(Ordering::Relaxed))
@@ -175,6 +184,36 @@ impl<B> Answer<B> {
         Answer {
             body,
             activity: Some(activity),
+        }
+    }
+}
+
+/// A request handed to the service on an HTTP/2 connection, until its answer's body takes
+/// over ([`Pending::answer`]): dropped before that (the client reset the stream, or the
+/// connection ended), it counts as answered, so that the connection's
+/// [`Activity::in_flight`] falls back when streams end without an answer.
+#[derive(Debug)]
+pub struct Pending(Option<std::sync::Arc<Activity>>);
+
+impl Pending {
+    /// A request on the connection of `activity` (counted by [`Activity::request`]).
+    pub fn new(activity: std::sync::Arc<Activity>) -> Self {
+        Pending(Some(activity))
+    }
+
+    /// The request's answer: its body ends the request's count when hyper drops it.
+    pub fn answer<B>(mut self, body: B) -> Answer<B> {
+        Answer {
+            body,
+            activity: self.0.take(),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(a) = self.0.take() {
+            a.answer_done();
         }
     }
 }

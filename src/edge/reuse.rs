@@ -42,6 +42,11 @@ impl Reuse {
         }
     }
 
+    /// Whether the connection is queued as reusable now.
+    pub fn queued(&self) -> bool {
+        self.key.load(Ordering::Acquire) != 0
+    }
+
     /// Resolves once the connection has been told to close ([`Reuse::poll_evicted`]).
     pub fn evicted(&self) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| self.poll_evicted(cx))

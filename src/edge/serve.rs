@@ -1,7 +1,10 @@
 //! Serving client connections: accept, the framing guard and the lifecycle on each
 //! connection's bytes, hyper's HTTP/1.1 connection with its timeouts, `Connection: close`
 //! where the connection must end after an answer, the lame duck, and a bounded drain at
-//! shutdown (docs/responses.md "Connections").
+//! shutdown (docs/responses.md "Connections"). A TLS connection whose ALPN chose `h2` is
+//! served by hyper's HTTP/2 server instead ([`h2`]).
+
+pub mod h2;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +32,7 @@ use super::lifecycle::ClientIo;
 use super::protocol::refuse_protocol;
 use super::tls::{ClientStream, Tls};
 use crate::BoxError;
-use crate::metrics::{CloseReason, ErrorKind, Metrics};
+use crate::metrics::{AlpnProtocol, CloseReason, ErrorKind, Metrics};
 
 /// Client connection settings of a listener.
 #[derive(Debug, Clone)]
@@ -102,6 +105,10 @@ pub async fn serve<S, B>(
         refusals: settings.refusals.clone(),
         descriptors: Arc::clone(&settings.descriptors),
         tls: settings.tls.is_some(),
+        http2: settings
+            .tls
+            .as_ref()
+            .map(|tls| h2::builder(tls.http2(), settings.max_head)),
         draining: AtomicBool::new(false),
         drain: std::array::from_fn(|_| Notify::new()),
     });
@@ -162,6 +169,17 @@ pub async fn serve<S, B>(
                     let Some(stream) = handshake.await else {
                         return;
                     };
+                    let protocol = match stream.get_ref().1.alpn_protocol() {
+                        Some(b"h2") => AlpnProtocol::Http2,
+                        _ => AlpnProtocol::Http1,
+                    };
+                    if let Some(m) = &shared.metrics {
+                        m.tls.connection(protocol);
+                    }
+                    if protocol == AlpnProtocol::Http2 {
+                        h2::connection(stream, peer, shared, shard, max_line, activity).await;
+                        return;
+                    }
                     let stream = ClientStream::Tls(Box::new(stream));
                     connection(stream, peer, shared, shard, max_line, activity).await;
                 }));
@@ -222,6 +240,9 @@ struct Shared<S> {
     descriptors: Arc<Descriptors>,
     /// Whether connections are TLS (`X-Forwarded-Proto: https`).
     tls: bool,
+    /// hyper's HTTP/2 settings, for TLS connections whose ALPN chose `h2` (`None`: plain
+    /// HTTP, where HTTP/2 is refused).
+    http2: Option<hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>>,
     /// Set when the drain begins, with every `drain` shard notified. A waiting
     /// [`Notified`](tokio::sync::futures::Notified) future is 64 bytes of every connection's
     /// task where a `watch` receiver's `changed()` is 120 and its `wait_for` 160.

@@ -85,13 +85,68 @@ pub fn local_answer<B>(req: &mut Request<B>) -> Option<Local> {
 /// RFC 9112 section 3.2: an HTTP/1.1 request without a `Host` line, or with more than one, is
 /// answered 400 and never forwarded (which `Host` would the upstream route on?). HTTP/1.0 may
 /// omit it.
+///
+/// HTTP/2 (RFC 9113 section 8.3.1): `:authority` stands for `Host`. A request with neither,
+/// with two `host` fields, or with a `host` that names another authority than `:authority`
+/// (compared without regard to case) is answered 400; one with `:authority` alone gets it as
+/// `Host` upstream ([`local_answer`]).
 pub fn bad_host<B>(req: &Request<B>) -> Option<Rejection> {
     let mut hosts = req.headers().get_all(http::header::HOST).iter();
-    let why = match (hosts.next(), hosts.next()) {
+    let (first, second) = (hosts.next(), hosts.next());
+    if req.version() == http::Version::HTTP_2 {
+        let authority = req.uri().authority().map(http::uri::Authority::as_str);
+        let why = match (authority, first, second) {
+            (_, Some(_), Some(_)) => "more than one host field (RFC 9113 section 8.3.1)",
+            (None, None, _) => {
+                "an HTTP/2 request must have :authority or host (RFC 9113 section 8.3.1)"
+            }
+            (Some(authority), Some(host), None)
+                if !host.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) =>
+            {
+                "host differs from :authority (RFC 9113 section 8.3.1)"
+            }
+            _ => return None,
+        };
+        return Some(Rejection::BadHost(why.to_owned()));
+    }
+    let why = match (first, second) {
         (Some(_), None) => return None,
         (None, _) if req.version() < http::Version::HTTP_11 => return None,
         (None, _) => "an HTTP/1.1 request must have a Host header (RFC 9112 section 3.2)",
         (Some(_), Some(_)) => "more than one Host header (RFC 9112 section 3.2)",
     };
     Some(Rejection::BadHost(why.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h2(uri: &str, hosts: &[&str]) -> Request<()> {
+        let mut b = Request::builder().version(http::Version::HTTP_2).uri(uri);
+        for h in hosts {
+            b = b.header(HOST, *h);
+        }
+        b.body(()).unwrap()
+    }
+
+    /// RFC 9113 section 8.3.1: `:authority` stands for `Host`; a `host` that names another
+    /// authority, two of them, or neither is refused.
+    #[test]
+    fn an_http2_host_must_agree_with_authority() {
+        assert_eq!(bad_host(&h2("https://a.example/x", &[])), None);
+        assert_eq!(bad_host(&h2("https://a.example/x", &["A.Example"])), None);
+        assert_eq!(bad_host(&h2("/x", &["a.example"])), None);
+        for refused in [
+            h2("https://a.example/x", &["b.example"]),
+            h2("https://a.example/x", &["a.example:8443"]),
+            h2("https://a.example/x", &["a.example", "a.example"]),
+            h2("/x", &[]),
+        ] {
+            assert!(
+                matches!(bad_host(&refused), Some(Rejection::BadHost(_))),
+                "{refused:?}"
+            );
+        }
+    }
 }

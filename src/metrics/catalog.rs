@@ -115,6 +115,13 @@ pub const TLS_HANDSHAKES: &str = "shedgate_tls_handshakes_total";
 /// Certificate reloads on new file content, by `outcome` (`swapped`, `refused`: the previous
 /// pair keeps serving).
 pub const TLS_RELOADS: &str = "shedgate_tls_reloads_total";
+/// TLS connections whose handshake completed, by the `protocol` ALPN chose for them
+/// ([`AlpnProtocol`](super::AlpnProtocol)): `h2` or `http/1.1` (which counts clients that
+/// offered no ALPN).
+pub const TLS_CONNECTIONS: &str = "shedgate_tls_connections_total";
+/// HTTP/2 streams handed to the proxy as requests (each decided alone, as an HTTP/1.1
+/// request is); streams the HTTP/2 layer refused or the client reset before that are not.
+pub const HTTP2_STREAMS: &str = "shedgate_http2_streams_total";
 /// The serving certificate's expiry (its leaf's notAfter), unix seconds; 0 without TLS.
 pub const TLS_CERTIFICATE_EXPIRY: &str = "shedgate_tls_certificate_expiry_timestamp_seconds";
 /// Idle keep-alive client connections parked now: hyper's buffers freed, only the socket held
@@ -257,7 +264,8 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         CONNECTION_CLOSES,
         "counter",
         "Client connections closed by shedgate, by reason (idle_timeout, header_timeout, \
-         early_answer, lame_duck, drain_cut, descriptors).",
+         early_answer, lame_duck, drain_cut, descriptors, http2_enhance_your_calm, \
+         http2_protocol_error).",
     ),
     (
         DESCRIPTOR_SHORTAGES,
@@ -320,6 +328,16 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         TLS_RELOADS,
         "counter",
         "Certificate reloads on new file content, by outcome (swapped; refused: the previous pair keeps serving).",
+    ),
+    (
+        TLS_CONNECTIONS,
+        "counter",
+        "TLS connections whose handshake completed, by the protocol ALPN chose (h2, http/1.1).",
+    ),
+    (
+        HTTP2_STREAMS,
+        "counter",
+        "HTTP/2 streams handed to the proxy as requests.",
     ),
     (
         TLS_CERTIFICATE_EXPIRY,

@@ -19,16 +19,27 @@ pub enum CloseReason {
     /// Idle (no request yet, or parked between requests), closed to free a descriptor when
     /// they ran low (`edge::descriptors`).
     Descriptors,
+    /// An HTTP/2 connection closed with `GOAWAY` `ENHANCE_YOUR_CALM` (RFC 9113 section 7):
+    /// a client that reset too many streams before they were accepted (the rapid-reset
+    /// pattern, CVE-2023-44487), made the proxy reset too many of its streams, or sent a
+    /// header list or CONTINUATION frames far past the limits (`edge::serve::h2`).
+    Http2EnhanceYourCalm,
+    /// An HTTP/2 connection closed with another `GOAWAY` error of the proxy's: a frame or a
+    /// header block the protocol does not allow (`PROTOCOL_ERROR`, `COMPRESSION_ERROR`,
+    /// `FRAME_SIZE_ERROR`, `FLOW_CONTROL_ERROR`).
+    Http2ProtocolError,
 }
 
 impl CloseReason {
-    pub(super) const ALL: [CloseReason; 6] = [
+    pub(super) const ALL: [CloseReason; 8] = [
         CloseReason::IdleTimeout,
         CloseReason::HeaderTimeout,
         CloseReason::EarlyAnswer,
         CloseReason::LameDuck,
         CloseReason::DrainCut,
         CloseReason::Descriptors,
+        CloseReason::Http2EnhanceYourCalm,
+        CloseReason::Http2ProtocolError,
     ];
 
     pub(super) fn as_str(self) -> &'static str {
@@ -39,6 +50,8 @@ impl CloseReason {
             CloseReason::LameDuck => "lame_duck",
             CloseReason::DrainCut => "drain_cut",
             CloseReason::Descriptors => "descriptors",
+            CloseReason::Http2EnhanceYourCalm => "http2_enhance_your_calm",
+            CloseReason::Http2ProtocolError => "http2_protocol_error",
         }
     }
 }

@@ -27,7 +27,7 @@ pub use admin::AdminRefusal;
 pub use catalog::*;
 pub use connections::{CloseReason, DescriptorShortage};
 pub use per_policy::PolicyMetrics;
-pub use tls::{HandshakeOutcome, ReloadOutcome as TlsReloadOutcome, TlsMetrics};
+pub use tls::{AlpnProtocol, HandshakeOutcome, ReloadOutcome as TlsReloadOutcome, TlsMetrics};
 pub use upstream::UpstreamMetrics;
 
 /// Buckets of [`EVENT_AGE`], seconds: around the default `stale_after` (30 s), up to a day
@@ -217,7 +217,7 @@ pub struct Metrics {
     /// [`ACCESS_LOG_DROPPED`]: `behind`, `write_error`.
     pub access_log_dropped: [Counter; 2],
     proxy_errors: [Counter; 6],
-    connection_closes: [Counter; 6],
+    connection_closes: [Counter; 8],
     /// [`DESCRIPTOR_SHORTAGES`], by [`DescriptorShortage`].
     descriptor_shortages: [Counter; 4],
     /// [`PROTOCOL_MISMATCHES`], by [`ProtocolMismatch`].
@@ -302,10 +302,7 @@ impl Metrics {
                 .map(|r| counter(ACCESS_LOG_DROPPED, vec![Label::new("reason", r)])),
             buffered_bytes: gauge(BUFFERED_BYTES),
             proxy_errors,
-            tls: TlsMetrics::register(
-                |name, outcome| counter(name, vec![Label::new("outcome", outcome)]),
-                gauge,
-            ),
+            tls: TlsMetrics::register(counter, gauge),
             reload_success: counter(POLICY_RELOADS, vec![Label::new("outcome", "success")]),
             reload_failure: counter(POLICY_RELOADS, vec![Label::new("outcome", "failure")]),
             reload_ok: gauge(POLICY_RELOAD_SUCCESS),

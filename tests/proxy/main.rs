@@ -16,6 +16,8 @@ mod freshness;
 mod fuzz;
 mod geography;
 #[cfg(feature = "demo")]
+mod h2;
+mod h2_frames;
 mod harness;
 mod held;
 mod http10;

@@ -55,6 +55,8 @@ pub fn sources() -> Sources {
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub method: Method,
+    /// The HTTP version the upstream received (the mock speaks HTTP/1.x only).
+    pub version: http::Version,
     pub uri: http::Uri,
     pub headers: HeaderMap,
     pub body: Bytes,
@@ -164,6 +166,7 @@ impl MockUpstream {
                                 .unwrap_or_default();
                             record.lock().unwrap().push(Recorded {
                                 method: parts.method,
+                                version: parts.version,
                                 uri: parts.uri,
                                 headers: parts.headers,
                                 body,

@@ -79,7 +79,8 @@ impl Ca {
         }
     }
 
-    fn client_config(&self) -> Arc<rustls::ClientConfig> {
+    /// A client trusting the CA that offers the `alpn` protocols.
+    pub(crate) fn client_config_offering(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.der.clone()).unwrap();
         let mut config =
@@ -88,7 +89,7 @@ impl Ca {
                 .unwrap()
                 .with_root_certificates(roots)
                 .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }
 }
@@ -122,9 +123,18 @@ pub(crate) async fn tls_proxy(
 
 /// A TLS connection to the proxy, trusting `ca`.
 pub(crate) async fn connect(proxy: &shedgate::app::Running, ca: &Ca) -> TlsStream<TcpStream> {
+    connect_offering(proxy, ca, &[b"http/1.1"]).await
+}
+
+/// A TLS connection to the proxy, trusting `ca`, offering the `alpn` protocols.
+pub(crate) async fn connect_offering(
+    proxy: &shedgate::app::Running,
+    ca: &Ca,
+    alpn: &[&[u8]],
+) -> TlsStream<TcpStream> {
     let tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    tokio_rustls::TlsConnector::from(ca.client_config())
+    tokio_rustls::TlsConnector::from(ca.client_config_offering(alpn))
         .connect(name, tcp)
         .await
         .expect("TLS handshake")

@@ -1,5 +1,6 @@
 //! TLS on the proxy listener (`--tls-cert`, `--tls-key`): rustls with the `ring` provider,
-//! TLS 1.2 and 1.3 only, the provider's default cipher suites, ALPN `http/1.1`. The handshake
+//! TLS 1.2 and 1.3 only, the provider's default cipher suites, ALPN `h2` then `http/1.1`
+//! (HTTP/2 served by `edge::serve::h2`). The handshake
 //! runs after accept and before hyper, bounded by `--tls-handshake-timeout` and by
 //! `--tls-max-handshakes` in progress (the oldest incomplete one closed first), and metered
 //! by outcome; a first byte that is not a TLS handshake record (plain HTTP sent to the TLS
@@ -25,6 +26,7 @@ use tokio_rustls::server::TlsStream;
 use self::handshakes::{Handshakes, InProgress};
 use self::pair::{CertificateStore, PairError, PairFiles, Resolver};
 use crate::clock::Sources;
+pub use crate::edge::serve::h2::Limits as Http2Limits;
 use crate::metrics::{CloseReason, HandshakeOutcome, Metrics};
 
 /// Default `--tls-handshake-timeout`: as `--header-read-timeout` (10 s), since a handshake,
@@ -51,6 +53,9 @@ pub struct TlsSettings {
     pub handshake_timeout: Duration,
     /// Most handshakes in progress (`--tls-max-handshakes`).
     pub max_handshakes: usize,
+    /// The limits of connections that negotiate HTTP/2 (`--h2-max-concurrent-streams`,
+    /// `--h2-max-pending-resets`, `--h2-max-error-resets`).
+    pub http2: Http2Limits,
 }
 
 /// rustls' provider here: `ring` (docs/dependencies.md "rustls" says why), with its default
@@ -68,6 +73,7 @@ pub struct Tls {
     store: Arc<CertificateStore>,
     handshakes: Arc<Handshakes>,
     handshake_timeout: Duration,
+    http2: Http2Limits,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -83,7 +89,8 @@ impl std::fmt::Debug for Tls {
 impl Tls {
     /// Reads and checks the pair (its leaf's dates against `sources`' clock), and builds the
     /// server configuration: TLS 1.3 and 1.2, the provider's default suites, no client
-    /// certificates, ALPN `http/1.1`.
+    /// certificates, ALPN `h2` then `http/1.1` (rustls picks the first of these the client
+    /// offers, whatever the client's order).
     ///
     /// # Errors
     /// The pair's [`PairError`].
@@ -107,12 +114,13 @@ impl Tls {
             })?
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(Arc::clone(&store))));
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Tls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             store,
             handshakes: Arc::new(Handshakes::new(settings.max_handshakes)),
             handshake_timeout: settings.handshake_timeout,
+            http2: settings.http2,
             metrics,
         })
     }
@@ -121,6 +129,11 @@ impl Tls {
     /// `examples/tls_handshake.rs`).
     pub fn server_config(&self) -> Arc<ServerConfig> {
         Arc::clone(self.acceptor.config())
+    }
+
+    /// The limits of connections that negotiate HTTP/2.
+    pub fn http2(&self) -> &Http2Limits {
+        &self.http2
     }
 
     /// The live certificate store (reloaded by [`watch`]).

@@ -1,0 +1,290 @@
+//! HTTP/2 on the TLS listener, for connections whose ALPN chose `h2` (RFC 9113 section 3.2):
+//! hyper's HTTP/2 server, each stream one request handed to the same service stack as an
+//! HTTP/1.1 request (decided alone: streams of one connection share nothing in the decision),
+//! with the connection's limits, its idle timeout, its place among the reusable connections
+//! (`edge::descriptors`), and a graceful close for the lame duck, the drain, the idle timeout
+//! and eviction (docs/operations.md "HTTP/2").
+//!
+//! The graceful close is hyper's `graceful_shutdown`, which is the h2 crate's
+//! (`Connection::go_away_gracefully`): a `GOAWAY` with the largest stream id and `NO_ERROR`,
+//! then a `PING`; once the client acknowledges it (a round trip, so every stream the client
+//! sent before it saw the first `GOAWAY` has arrived), a second `GOAWAY` with the last stream
+//! id processed. Streams up to that id finish; later ones are ignored (RFC 9113 section 6.8),
+//! and the connection closes when its last stream ends. A client that never acknowledges the
+//! `PING` is closed [`GOAWAY_GRACE`] after the first `GOAWAY` once it has no stream open.
+//!
+//! What the framing guard does for HTTP/1 has no object here: HTTP/2 frames carry their
+//! length, and the h2 crate refuses a `content-length` that disagrees with the `DATA` frames,
+//! connection-specific fields (`connection`, `transfer-encoding`, `upgrade`, `keep-alive`,
+//! `te` other than `trailers`) and repeated or misplaced pseudo-headers (a stream reset with
+//! `PROTOCOL_ERROR`), a header name with an upper-case letter (the connection closed with
+//! `PROTOCOL_ERROR`), and answers a header list over `SETTINGS_MAX_HEADER_LIST_SIZE` with 431
+//! itself. An answer given before the request body has arrived ends its stream with
+//! `RST_STREAM` `NO_ERROR` after the answer (the h2 crate, RFC 9113 section 8.1), and the
+//! connection stays open.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
+use tower::{Service, ServiceExt};
+
+use super::Shared;
+use crate::BoxError;
+use crate::edge::client::ClientInfo;
+use crate::edge::framing::HeaderLineTooLong;
+use crate::edge::keepalive::{Activity, Answer, PARK_AFTER, Pending};
+use crate::metrics::{CloseReason, Metrics};
+
+/// Default `--h2-max-concurrent-streams`: nginx's `http2_max_concurrent_streams` (128).
+/// RFC 9113 section 6.5.2 recommends no fewer than 100, so that parallelism is not
+/// needlessly limited; hyper's default is 200, Envoy's 2^31 − 1.
+pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+/// Default `--h2-max-pending-resets`: the h2 crate's default (20) for streams the client
+/// resets before the server has accepted them, the rapid-reset pattern (CVE-2023-44487).
+pub const MAX_PENDING_RESETS: usize = 20;
+/// Default `--h2-max-error-resets`: hyper's default (1024) for streams the server resets for
+/// the client's errors over a connection's life (RUSTSEC-2024-0003).
+pub const MAX_ERROR_RESETS: usize = 1024;
+/// How long a connection sent a graceful `GOAWAY` may take to acknowledge its `PING`, with no
+/// stream open, before it is closed: nginx's `lingering_timeout` (5 s), the wait for a quiet
+/// client elsewhere in the edge (`edge::lifecycle::LINGER_IDLE`).
+pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
+/// The HTTP/2 limits of the TLS listener (validated: each at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Streams a connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`); more
+    /// are refused with `RST_STREAM` `REFUSED_STREAM`.
+    pub max_concurrent_streams: u32,
+    /// Streams the client may reset before they are accepted, at once; past it, `GOAWAY`
+    /// `ENHANCE_YOUR_CALM`.
+    pub max_pending_resets: usize,
+    /// Streams the proxy may reset for the client's errors over a connection's life; past
+    /// it, `GOAWAY` `ENHANCE_YOUR_CALM`.
+    pub max_error_resets: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+            max_pending_resets: MAX_PENDING_RESETS,
+            max_error_resets: MAX_ERROR_RESETS,
+        }
+    }
+}
+
+/// hyper's HTTP/2 server settings for the listener: `limits`, and `max_head` (`--max-head`,
+/// bytes) as `SETTINGS_MAX_HEADER_LIST_SIZE` (RFC 9113 section 6.5.2: each field's name and
+/// value plus 32 bytes), the bound HTTP/1 puts on a request head. No keep-alive `PING`s: an
+/// idle connection is closed at the idle timeout, as an HTTP/1 one is.
+pub(super) fn builder(limits: &Limits, max_head: usize) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX))
+        .max_pending_accept_reset_streams(limits.max_pending_resets)
+        .max_local_error_reset_streams(limits.max_error_resets);
+    builder
+}
+
+/// One HTTP/2 client connection, from the end of its TLS handshake to close: served until
+/// the client closes it, or closed gracefully (see the module) at the idle timeout with no
+/// stream open, when told to close to free a descriptor with no stream open, at the lame
+/// duck and at the drain. While no stream is open it is queued as reusable
+/// ([`PARK_AFTER`] after its last stream ended, as a parked HTTP/1 connection is).
+pub(super) async fn connection<S, B>(
+    stream: TlsStream<TcpStream>,
+    peer: SocketAddr,
+    shared: Arc<Shared<S>>,
+    shard: u8,
+    max_header_line: usize,
+    activity: Arc<Activity>,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let Some(builder) = &shared.http2 else {
+        return;
+    };
+    let service = streams(&shared, peer, max_header_line, &activity);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    let metrics = shared.metrics.as_deref();
+    let count = |reason| {
+        if let Some(m) = metrics {
+            m.connection_closed(reason);
+        }
+    };
+    // Set once the first GOAWAY is sent: the timer is then the grace for its PING.
+    let mut going_away = false;
+    let mut timer = std::pin::pin!(tokio::time::sleep(PARK_AFTER));
+    loop {
+        let goaway = tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    closed_with_error(&e, peer, metrics);
+                }
+                return;
+            }
+            () = timer.as_mut() => {
+                let now = Instant::now();
+                if activity.in_flight() > 0 {
+                    timer.as_mut().reset(now + if going_away { GOAWAY_GRACE } else { PARK_AFTER });
+                    continue;
+                }
+                if going_away {
+                    // The GOAWAY's PING unanswered, and nothing left to finish.
+                    return;
+                }
+                let idle_since = activity.idle_since();
+                if now >= idle_since + shared.idle_timeout {
+                    count(CloseReason::IdleTimeout);
+                    true
+                } else {
+                    let mut next = idle_since + shared.idle_timeout;
+                    if now >= idle_since + PARK_AFTER {
+                        if !activity.reuse.queued() {
+                            shared.descriptors.reusable(&activity);
+                        }
+                    } else {
+                        next = idle_since + PARK_AFTER;
+                    }
+                    timer.as_mut().reset(next);
+                    false
+                }
+            }
+            () = shared.drained(shard), if !going_away => true,
+            () = shared.lame_duck.begun(), if !going_away => {
+                count(CloseReason::LameDuck);
+                true
+            }
+            // Told to close to free a descriptor: closed if no stream is open, kept if one is.
+            () = activity.reuse.evicted(), if !going_away => {
+                if activity.in_flight() == 0 {
+                    count(CloseReason::Descriptors);
+                    true
+                } else {
+                    shared.descriptors.declined(&activity);
+                    false
+                }
+            }
+        };
+        if goaway {
+            going_away = true;
+            conn.as_mut().graceful_shutdown();
+            timer.as_mut().reset(Instant::now() + GOAWAY_GRACE);
+        }
+    }
+}
+
+/// The service of one HTTP/2 connection: each stream's request carries the client's
+/// [`ClientInfo`] (`https`), and a [`HeaderLineTooLong`] when a field is longer than
+/// `--max-header-line` would allow as an HTTP/1 line (answered 431, as over HTTP/1), and is
+/// counted among the connection's streams in flight until its answer's body ends.
+fn streams<S, B>(
+    shared: &Shared<S>,
+    peer: SocketAddr,
+    max_header_line: usize,
+    activity: &Arc<Activity>,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Answer<B>>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Send
++ 'static
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+{
+    let stack = shared.stack.clone();
+    let info = ClientInfo::new(peer).over_tls(true);
+    let activity = Arc::clone(activity);
+    let descriptors = Arc::clone(&shared.descriptors);
+    let metrics = shared.metrics.clone();
+    hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        activity.request(req.version());
+        descriptors.in_use(&activity);
+        if let Some(m) = &metrics {
+            m.tls.http2_streams.increment(1);
+        }
+        req.extensions_mut().insert(info.clone());
+        if let Some(limit) = line_too_long(req.headers(), max_header_line) {
+            req.extensions_mut().insert(HeaderLineTooLong(limit));
+        }
+        let pending = Pending::new(Arc::clone(&activity));
+        let answered = stack.clone().oneshot(req);
+        async move {
+            let resp = match answered.await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            Ok::<_, Infallible>(resp.map(|body| pending.answer(body)))
+        }
+    })
+}
+
+/// `Some(limit)` when a field, written as an HTTP/1 header line (name, `: `, value, CRLF),
+/// would be longer than `limit` bytes.
+fn line_too_long(headers: &HeaderMap, limit: usize) -> Option<usize> {
+    headers
+        .iter()
+        .any(|(name, value)| name.as_str().len() + value.len() + 4 > limit)
+        .then_some(limit)
+}
+
+/// Counts and logs a connection hyper ended with an error: a `GOAWAY` the proxy sent for the
+/// client's conduct ([`CloseReason::Http2EnhanceYourCalm`], [`CloseReason::Http2ProtocolError`]);
+/// the client's own `GOAWAY` or a broken socket is only logged.
+fn closed_with_error(e: &hyper::Error, peer: SocketAddr, metrics: Option<&Metrics>) {
+    let h2 = std::error::Error::source(e).and_then(|s| s.downcast_ref::<h2::Error>());
+    let reason = match h2 {
+        Some(h2) if h2.is_go_away() && h2.is_library() => match h2.reason() {
+            Some(h2::Reason::NO_ERROR) | None => None,
+            Some(h2::Reason::ENHANCE_YOUR_CALM) => Some(CloseReason::Http2EnhanceYourCalm),
+            Some(_) => Some(CloseReason::Http2ProtocolError),
+        },
+        _ => None,
+    };
+    if let (Some(reason), Some(m)) = (reason, metrics) {
+        m.connection_closed(reason);
+    }
+    tracing::debug!(error = %e, %peer, "HTTP/2 client connection ended with an error");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_is_measured_as_its_http1_line() {
+        let mut h = HeaderMap::new();
+        h.insert("x-stream", "a".repeat(10).parse().unwrap());
+        // "x-stream: aaaaaaaaaa\r\n" is 22 bytes.
+        assert_eq!(line_too_long(&h, 22), None);
+        assert_eq!(line_too_long(&h, 21), Some(21));
+    }
+}
