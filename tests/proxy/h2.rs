@@ -13,6 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use shedgate::config::{HumanDelay, HumanDuration, ServeArgs};
 
 use crate::h2_frames::*;
+use crate::processes::{OK_EMPTY, RawReply, RawUpstream};
 use crate::support::*;
 use crate::tls::{Ca, connect_offering, install, tls_proxy};
 
@@ -204,6 +205,76 @@ async fn an_early_answer_ends_its_stream_with_no_error_and_the_connection_goes_o
     let seen = raw.until(|f| f.kind == HEADERS && f.stream == 3).await;
     assert_eq!(status(&seen.last().unwrap().payload), Some(200));
     assert_eq!(upstream.count(), 1);
+}
+
+/// A `content-length` the `DATA` frames do not match, short or long, makes the stream
+/// malformed (RFC 9113 section 8.1.1): it is reset with `PROTOCOL_ERROR`, and the upstream
+/// never receives a complete request, even for a never-shed stream whose body was already
+/// streaming there. The connection serves the next stream.
+#[tokio::test]
+async fn a_content_length_the_data_does_not_match_never_reaches_the_upstream_whole() {
+    let upstream = RawUpstream::start(|_| RawReply::AfterBody(OK_EMPTY, Duration::ZERO)).await;
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    install(dir.path(), &ca.leaf(90));
+    let policy = PolicyDir::seed();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let proxy = spawn_proxy_with(&upstream.url(), policy.path(), |a| {
+        a.tls_cert = Some(cert);
+        a.tls_key = Some(key);
+    })
+    .await;
+    pin(&proxy, 0.0).await;
+    let mut raw = Raw::open(proxy.proxy_addr, &ca).await;
+    // Declared 10, sent 6; declared 2, sent 7.
+    for (stream, declared, sent) in [(1, "10", &b"{\"a\":1"[..]), (3, "2", &b"{\"a\":1}"[..])] {
+        let fields = request(
+            "POST",
+            "/ingest",
+            &[
+                ("x-stream", "geofence.transition"),
+                ("content-length", declared),
+            ],
+        );
+        raw.headers(stream, &fields, false).await;
+        raw.data(stream, sent, true).await;
+        let seen = raw
+            .until(|f| f.kind == RST_STREAM && f.stream == stream)
+            .await;
+        assert_eq!(seen.last().unwrap().word(0), PROTOCOL_ERROR, "{seen:?}");
+    }
+    raw.headers(
+        5,
+        &request("POST", "/ingest", &[("x-stream", "geofence.transition")]),
+        true,
+    )
+    .await;
+    let seen = raw.until(|f| f.kind == HEADERS && f.stream == 5).await;
+    assert_eq!(status(&seen.last().unwrap().payload), Some(200));
+    let complete = upstream.requests().iter().filter(|r| r.complete).count();
+    assert_eq!(complete, 1, "{:?}", upstream.requests());
+}
+
+/// Field names are lower case by the protocol (RFC 9113 section 8.2.1): a name with an
+/// upper-case letter closes the connection with `GOAWAY` `PROTOCOL_ERROR` (the h2 crate's
+/// HPACK decoder refuses it), counted, and nothing is forwarded.
+#[tokio::test]
+async fn an_upper_case_field_name_is_a_protocol_error() {
+    let (ca, _dir, upstream, _policy, proxy) = h2_proxy(|_| {}).await;
+    let mut raw = Raw::open(proxy.proxy_addr, &ca).await;
+    raw.headers(
+        1,
+        &request("POST", "/ingest", &[("X-Stream", "geofence.transition")]),
+        true,
+    )
+    .await;
+    let frames = raw.until_closed().await;
+    let goaway = frames.iter().find(|f| f.kind == GOAWAY).unwrap();
+    assert_eq!(goaway.goaway(), (0, PROTOCOL_ERROR));
+    eventually(proxy.admin_addr, |t| {
+        closes(t, "http2_protocol_error") == 1.0
+    })
+    .await;
+    assert_eq!(upstream.count(), 0);
 }
 
 /// `--h2-max-concurrent-streams` is advertised in the proxy's SETTINGS (with `--max-head` as

@@ -27,6 +27,7 @@ pub(crate) const MAX_CONCURRENT_STREAMS: u16 = 0x3;
 pub(crate) const MAX_HEADER_LIST_SIZE: u16 = 0x6;
 /// Error codes (RFC 9113 section 7).
 pub(crate) const NO_ERROR: u32 = 0x0;
+pub(crate) const PROTOCOL_ERROR: u32 = 0x1;
 pub(crate) const CANCEL: u32 = 0x8;
 pub(crate) const REFUSED_STREAM: u32 = 0x7;
 pub(crate) const ENHANCE_YOUR_CALM: u32 = 0xb;
