@@ -15,6 +15,7 @@ use super::support::*;
 
 mod ambiguous;
 mod formats;
+mod over_h2;
 mod senders;
 
 const SECRET: &[u8] = b"shedgate-test-secret";
