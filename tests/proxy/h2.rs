@@ -138,7 +138,7 @@ async fn a_host_that_differs_from_authority_is_400() {
     let (ca, _dir, upstream, _policy, proxy) = h2_proxy(|_| {}).await;
     let mut raw = Raw::open(proxy.proxy_addr, &ca).await;
     let never = ("x-stream", "geofence.transition");
-    let cases: [(u32, Vec<(&str, &str)>, u16); 3] = [
+    let cases = [
         (
             1,
             request("POST", "/ingest", &[("host", "admin.example"), never]),

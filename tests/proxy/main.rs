@@ -15,9 +15,9 @@ mod faults;
 mod freshness;
 mod fuzz;
 mod geography;
-#[cfg(feature = "demo")]
 mod h2;
 mod h2_frames;
+#[cfg(feature = "demo")]
 mod harness;
 mod held;
 mod http10;
