@@ -27,6 +27,17 @@ struct Limited {
 
 impl Limited {
     fn start(soft: u64, hard: u64, upstream: &MockUpstream, policy: &PolicyDir) -> Self {
+        Self::start_with(soft, hard, upstream, policy, &[])
+    }
+
+    /// As [`Limited::start`], with `extra` arguments to `serve`.
+    fn start_with(
+        soft: u64,
+        hard: u64,
+        upstream: &MockUpstream,
+        policy: &PolicyDir,
+        extra: &[&std::ffi::OsStr],
+    ) -> Self {
         use std::io::BufRead as _;
         let mut child = Command::new("prlimit")
             .arg(format!("--nofile={soft}:{hard}"))
@@ -37,6 +48,7 @@ impl Limited {
             .args(["--upstream", &upstream.url()])
             .arg("--policies")
             .arg(policy.path())
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())
@@ -313,4 +325,72 @@ async fn accepts_out_of_descriptors_close_idle_connections_instead_of_spinning()
     );
     // Not the line per failed accept, 20 a second, of before.
     assert!(proxy.log_lines("accept failed error=").is_empty());
+}
+
+/// HTTP/2 connections among the reusable ones: one with no stream open is closed first when
+/// descriptors run low, with the graceful `GOAWAY` (its client told which streams were
+/// processed), and one with a stream in flight is never closed for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_first_with_goaway_and_a_busy_one_is_kept() {
+    use crate::h2_frames::{ACK, GOAWAY, HEADERS, PING, Raw, frame, request, status};
+    raise_own_limit();
+    let (ca, dir) = (crate::tls::Ca::new(), tempfile::tempdir().unwrap());
+    crate::tls::install(dir.path(), &ca.leaf(90));
+    let upstream = MockUpstream::start().await;
+    let policy = PolicyDir::seed();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let proxy = Limited::start_with(
+        256,
+        256,
+        &upstream,
+        &policy,
+        &[
+            "--tls-cert".as_ref(),
+            cert.as_os_str(),
+            "--tls-key".as_ref(),
+            key.as_os_str(),
+        ],
+    );
+    // The oldest: HTTP/2, no stream yet. Then one with a stream in flight (its body half sent).
+    let mut quiet = Raw::open(proxy.proxy, &ca).await;
+    let mut busy = Raw::open(proxy.proxy, &ca).await;
+    let body = event(BERLIN, 1);
+    let length = body.len().to_string();
+    let fields = request(
+        "POST",
+        "/ingest",
+        &[
+            ("x-stream", "geofence.transition"),
+            ("content-length", &length),
+        ],
+    );
+    busy.headers(1, &fields, false).await;
+    let (head, tail) = body.as_bytes().split_at(body.len() / 2);
+    busy.data(1, head, false).await;
+    // The stream has reached the proxy before the flood.
+    loop {
+        let m = admin_get(proxy.admin, "/metrics").await;
+        if metric(&m, "shedgate_http2_streams_total", &[]) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _flood = idle(proxy.proxy, 300).await;
+    let seen = quiet.until(|f| f.kind == GOAWAY).await;
+    assert_eq!(seen.last().unwrap().goaway(), (0x7fff_ffff, 0));
+    let ping = quiet
+        .until(|f| f.kind == PING && f.flags & ACK == 0)
+        .await
+        .pop()
+        .unwrap();
+    quiet.write(&frame(PING, ACK, 0, &ping.payload)).await;
+    let seen = quiet.until(|f| f.kind == GOAWAY).await;
+    assert_eq!(seen.last().unwrap().goaway(), (0, 0));
+    quiet.until_closed().await;
+    // The busy one was kept: its stream finishes.
+    busy.data(1, tail, true).await;
+    let seen = busy.until(|f| f.kind == HEADERS && f.stream == 1).await;
+    assert_eq!(status(&seen.last().unwrap().payload), Some(200));
+    assert!(seen.iter().all(|f| f.kind != GOAWAY), "{seen:?}");
+    assert_eq!(upstream.count(), 1);
 }
