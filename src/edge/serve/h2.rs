@@ -42,52 +42,19 @@ use crate::BoxError;
 use crate::edge::client::ClientInfo;
 use crate::edge::framing::HeaderLineTooLong;
 use crate::edge::keepalive::{Activity, Answer, PARK_AFTER, Pending};
+use crate::edge::tls::Http2Limits;
 use crate::metrics::{CloseReason, Metrics};
 
-/// Default `--h2-max-concurrent-streams`: nginx's `http2_max_concurrent_streams` (128).
-/// RFC 9113 section 6.5.2 recommends no fewer than 100, so that parallelism is not
-/// needlessly limited; hyper's default is 200, Envoy's 2^31 − 1.
-pub const MAX_CONCURRENT_STREAMS: u32 = 128;
-/// Default `--h2-max-pending-resets`: the h2 crate's default (20) for streams the client
-/// resets before the server has accepted them, the rapid-reset pattern (CVE-2023-44487).
-pub const MAX_PENDING_RESETS: usize = 20;
-/// Default `--h2-max-error-resets`: hyper's default (1024) for streams the server resets for
-/// the client's errors over a connection's life (RUSTSEC-2024-0003).
-pub const MAX_ERROR_RESETS: usize = 1024;
 /// How long a connection sent a graceful `GOAWAY` may take to acknowledge its `PING`, with no
 /// stream open, before it is closed: nginx's `lingering_timeout` (5 s), the wait for a quiet
 /// client elsewhere in the edge (`edge::lifecycle::LINGER_IDLE`).
 pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
-/// The HTTP/2 limits of the TLS listener (validated: each at least 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Streams a connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`); more
-    /// are refused with `RST_STREAM` `REFUSED_STREAM`.
-    pub max_concurrent_streams: u32,
-    /// Streams the client may reset before they are accepted, at once; past it, `GOAWAY`
-    /// `ENHANCE_YOUR_CALM`.
-    pub max_pending_resets: usize,
-    /// Streams the proxy may reset for the client's errors over a connection's life; past
-    /// it, `GOAWAY` `ENHANCE_YOUR_CALM`.
-    pub max_error_resets: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_concurrent_streams: MAX_CONCURRENT_STREAMS,
-            max_pending_resets: MAX_PENDING_RESETS,
-            max_error_resets: MAX_ERROR_RESETS,
-        }
-    }
-}
-
 /// hyper's HTTP/2 server settings for the listener: `limits`, and `max_head` (`--max-head`,
 /// bytes) as `SETTINGS_MAX_HEADER_LIST_SIZE` (RFC 9113 section 6.5.2: each field's name and
 /// value plus 32 bytes), the bound HTTP/1 puts on a request head. No keep-alive `PING`s: an
 /// idle connection is closed at the idle timeout, as an HTTP/1 one is.
-pub(super) fn builder(limits: &Limits, max_head: usize) -> http2::Builder<TokioExecutor> {
+pub(super) fn builder(limits: &Http2Limits, max_head: usize) -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())

@@ -26,7 +26,6 @@ use tokio_rustls::server::TlsStream;
 use self::handshakes::{Handshakes, InProgress};
 use self::pair::{CertificateStore, PairError, PairFiles, Resolver};
 use crate::clock::Sources;
-pub use crate::edge::serve::h2::Limits as Http2Limits;
 use crate::metrics::{CloseReason, HandshakeOutcome, Metrics};
 
 /// Default `--tls-handshake-timeout`: as `--header-read-timeout` (10 s), since a handshake,
@@ -43,6 +42,41 @@ pub const MAX_HANDSHAKES: usize = 1024;
 /// The first byte of a TLS record carrying a handshake message (RFC 8446 section 5.1,
 /// `ContentType.handshake`).
 const HANDSHAKE_RECORD: u8 = 22;
+
+/// Default `--h2-max-concurrent-streams`: nginx's `http2_max_concurrent_streams` (128).
+/// RFC 9113 section 6.5.2 recommends no fewer than 100, so that parallelism is not
+/// needlessly limited; hyper's default is 200, Envoy's 2^31 − 1.
+pub const H2_MAX_CONCURRENT_STREAMS: u32 = 128;
+/// Default `--h2-max-pending-resets`: the h2 crate's default (20) for streams the client
+/// resets before the server has accepted them, the rapid-reset pattern (CVE-2023-44487).
+pub const H2_MAX_PENDING_RESETS: usize = 20;
+/// Default `--h2-max-error-resets`: hyper's default (1024) for streams the server resets for
+/// the client's errors over a connection's life (RUSTSEC-2024-0003).
+pub const H2_MAX_ERROR_RESETS: usize = 1024;
+
+/// The HTTP/2 limits of the TLS listener (validated: each at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Limits {
+    /// Streams a connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`); more
+    /// are refused with `RST_STREAM` `REFUSED_STREAM`.
+    pub max_concurrent_streams: u32,
+    /// Streams the client may reset before they are accepted, at once; past it, `GOAWAY`
+    /// `ENHANCE_YOUR_CALM`.
+    pub max_pending_resets: usize,
+    /// Streams the proxy may reset for the client's errors over a connection's life; past
+    /// it, `GOAWAY` `ENHANCE_YOUR_CALM`.
+    pub max_error_resets: usize,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Self {
+        Http2Limits {
+            max_concurrent_streams: H2_MAX_CONCURRENT_STREAMS,
+            max_pending_resets: H2_MAX_PENDING_RESETS,
+            max_error_resets: H2_MAX_ERROR_RESETS,
+        }
+    }
+}
 
 /// The TLS settings of the proxy listener (validated; the pair was checked at start).
 #[derive(Debug, Clone)]
