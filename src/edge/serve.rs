@@ -177,7 +177,10 @@ pub async fn serve<S, B>(
                         m.tls.connection(protocol);
                     }
                     if protocol == AlpnProtocol::Http2 {
-                        h2::connection(stream, peer, shared, shard, max_line, activity).await;
+                        // Boxed, as the handshake: an HTTP/1 task keeps no room for it.
+                        let served =
+                            h2::connection(stream, peer, shared, shard, max_line, activity);
+                        Box::pin(served).await;
                         return;
                     }
                     let stream = ClientStream::Tls(Box::new(stream));
