@@ -214,3 +214,44 @@ fn bad_durations_and_enums_are_refused_at_the_edge() {
         assert!(e.to_string().contains(says), "{e}");
     }
 }
+
+/// The HTTP/2 limits: defaults, a `--config` key, zero refused, and each needs TLS.
+#[test]
+fn http2_limits_need_tls_and_are_positive() {
+    let mut a = args("http://127.0.0.1:3000");
+    a.h2_max_concurrent_streams = Some(64);
+    let e = Config::from_args(a).unwrap_err().to_string();
+    assert!(
+        e.contains("h2-max-concurrent-streams") && e.contains("--tls-cert"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let tls = || ServeArgs {
+        tls_cert: Some(cert_path.clone()),
+        tls_key: Some(key_path.clone()),
+        ..args("http://127.0.0.1:3000")
+    };
+    let c = Config::from_args(tls()).unwrap();
+    assert_eq!(
+        c.tls.unwrap().http2,
+        crate::edge::tls::Http2Limits {
+            max_concurrent_streams: 128,
+            max_pending_resets: 20,
+            max_error_resets: 1024,
+        }
+    );
+    let c = with_file("h2-max-concurrent-streams = 64\n", tls()).unwrap();
+    assert_eq!(c.tls.unwrap().http2.max_concurrent_streams, 64);
+    let mut zero = tls();
+    zero.h2_max_pending_resets = Some(0);
+    let e = Config::from_args(zero).unwrap_err().to_string();
+    assert!(e.contains("h2-max-pending-resets"), "{e}");
+}
