@@ -122,19 +122,19 @@ pub(super) async fn connection<S, B>(
                     return;
                 }
                 let idle_since = activity.idle_since();
-                if now >= idle_since + shared.idle_timeout {
+                let (idle_end, reusable_at) =
+                    (idle_since + shared.idle_timeout, idle_since + PARK_AFTER);
+                if now >= idle_end {
                     count(CloseReason::IdleTimeout);
                     true
-                } else {
-                    let mut next = idle_since + shared.idle_timeout;
-                    if now >= idle_since + PARK_AFTER {
-                        if !activity.reuse.queued() {
-                            shared.descriptors.reusable(&activity);
-                        }
-                    } else {
-                        next = idle_since + PARK_AFTER;
+                } else if now >= reusable_at {
+                    if !activity.reuse.queued() {
+                        shared.descriptors.reusable(&activity);
                     }
-                    timer.as_mut().reset(next);
+                    timer.as_mut().reset(idle_end);
+                    false
+                } else {
+                    timer.as_mut().reset(reusable_at.min(idle_end));
                     false
                 }
             }
