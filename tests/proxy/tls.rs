@@ -79,10 +79,16 @@ impl Ca {
         }
     }
 
-    /// A client trusting the CA that offers the `alpn` protocols.
-    pub(crate) fn client_config_offering(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    /// A root store of the CA alone.
+    pub(crate) fn roots(&self) -> rustls::RootCertStore {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.der.clone()).unwrap();
+        roots
+    }
+
+    /// A client trusting the CA that offers the `alpn` protocols.
+    pub(crate) fn client_config_offering(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let roots = self.roots();
         let mut config =
             rustls::ClientConfig::builder_with_provider(shedgate::edge::tls::provider())
                 .with_safe_default_protocol_versions()

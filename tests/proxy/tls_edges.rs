@@ -1,8 +1,9 @@
 //! TLS on the proxy listener, its edges: a leaf expired or not yet valid refused (at start
 //! and on reload), a reload's answer naming a refused pair beside a policy error, plain HTTP
 //! with a large body still answered 400 without a reset, and requests pipelined in one TLS
-//! write all answered.
+//! write all answered, and the server's cipher suite order chosen over the client's.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -253,4 +254,47 @@ async fn pipelined_requests_in_one_tls_write_are_both_answered_before_the_idle_t
         );
     }
     assert_eq!(upstream.count(), 4);
+}
+
+/// A client that prefers ChaCha20-Poly1305 is served the provider's first suite
+/// (AES-256-GCM) all the same: the server's order wins (testssl.sh rates a server without an
+/// order of its own a high-severity finding), in TLS 1.3 and in TLS 1.2.
+#[tokio::test]
+async fn the_servers_cipher_suite_order_wins_over_the_clients() {
+    use rustls::CipherSuite::{
+        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    install(dir.path(), &ca.leaf(90));
+    let (_upstream, _policy, proxy) = tls_proxy(dir.path(), |_| {}).await;
+    let chacha = [
+        TLS13_CHACHA20_POLY1305_SHA256,
+        TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
+    let mut provider = (*shedgate::edge::tls::provider()).clone();
+    provider
+        .cipher_suites
+        .sort_by_key(|s| !chacha.contains(&s.suite()));
+    assert!(chacha.contains(&provider.cipher_suites[0].suite()));
+    let versions: [&[&'static rustls::SupportedProtocolVersion]; 2] =
+        [&[&rustls::version::TLS13], &[&rustls::version::TLS12]];
+    for (version, want) in versions.into_iter().zip([
+        TLS13_AES_256_GCM_SHA384,
+        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    ]) {
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider.clone()))
+            .with_protocol_versions(version)
+            .unwrap()
+            .with_root_certificates(ca.roots())
+            .with_no_client_auth();
+        let tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .expect("TLS handshake");
+        let suite = tls.get_ref().1.negotiated_cipher_suite().unwrap().suite();
+        assert_eq!(suite, want, "{version:?}");
+    }
 }

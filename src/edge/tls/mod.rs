@@ -149,6 +149,10 @@ impl Tls {
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(Arc::clone(&store))));
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // The server's suite order, not the client's (nginx `ssl_prefer_server_ciphers on`):
+        // testssl.sh rates a server without one a high-severity finding, and every suite the
+        // provider offers is AEAD with forward secrecy, AES-GCM first (AES-NI on servers).
+        config.ignore_client_order = true;
         Ok(Tls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             store,
