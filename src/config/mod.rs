@@ -13,6 +13,7 @@ use http::Uri;
 use http::header::HeaderName;
 use serde::{Deserialize, Serialize};
 
+pub use crate::policy::loops_to;
 use crate::pressure::ControllerConfig;
 use crate::upstream::load_report::LoadReportField;
 use crate::upstream::{HeaderCase, HostHeader};
@@ -480,17 +481,6 @@ fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
         path: path.to_owned(),
         message: e.to_string(),
     })
-}
-
-/// The proxy's own address `url` names, when it names `listen` (or its port on an
-/// unspecified `listen` address): an upstream there would send requests round in a loop.
-/// `None` for a name (not resolved here) or an ephemeral `listen` (port 0).
-pub fn loops_to(url: &http::Uri, listen: SocketAddr) -> Option<SocketAddr> {
-    let authority = url.authority().map_or("", |a| a.as_str());
-    let addr = authority.parse::<SocketAddr>().ok()?;
-    (listen.port() != 0
-        && (addr == listen || (addr.port() == listen.port() && listen.ip().is_unspecified())))
-    .then_some(addr)
 }
 
 #[cfg(test)]

@@ -32,7 +32,8 @@ pub use error::{Location, PolicyError, Warning};
 pub use regions::{MAX_REGION_FILE_BYTES, MAX_REGION_POSITIONS};
 pub use source::PolicyFiles;
 pub use upstreams::{
-    DEFAULT_UPSTREAM, MAX_UPSTREAMS, NO_UPSTREAM_LABEL, UpstreamId, UpstreamSpec, parse_url,
+    DEFAULT_UPSTREAM, MAX_UPSTREAMS, NO_UPSTREAM_LABEL, UpstreamId, UpstreamSpec, loops_to,
+    parse_url,
 };
 
 use crate::extract::Extractor;

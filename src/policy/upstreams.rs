@@ -4,6 +4,7 @@
 //! always there and always first; the policy cannot define it.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
@@ -117,6 +118,17 @@ pub fn parse_url(text: &str) -> Result<Uri, String> {
         return Err("must not have a query string".into());
     }
     Ok(url)
+}
+
+/// The proxy's own address `url` names, when it names `listen` (or its port on an
+/// unspecified `listen` address): an upstream there would send requests round in a loop.
+/// `None` for a name (not resolved here) or an ephemeral `listen` (port 0).
+pub fn loops_to(url: &http::Uri, listen: SocketAddr) -> Option<SocketAddr> {
+    let authority = url.authority().map_or("", |a| a.as_str());
+    let addr = authority.parse::<SocketAddr>().ok()?;
+    (listen.port() != 0
+        && (addr == listen || (addr.port() == listen.port() && listen.ip().is_unspecified())))
+    .then_some(addr)
 }
 
 /// The policy's upstreams while it compiles: the specs, their names, which ones a route or
