@@ -26,7 +26,7 @@ use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings, BufferBudget};
 use crate::signals::Signals;
-use crate::upstream::{Dispatch, Proxy, Upstream, Upstreams};
+use crate::upstream::{Accounts, ClientOptions, Defaults, Dispatch, Upstream, Upstreams};
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
 /// rest.
@@ -116,9 +116,9 @@ pub fn build_stack(
 
 /// One upstream per upstream of `policy` (its [`crate::policy::UpstreamId`] order, `default`
 /// first), each cold: its pressure starts from nothing learned, its sockets counted against
-/// `descriptors`, its series in `metrics`. What a `[upstreams.NAME]` table leaves out is the command line's
-/// (`--upstream`'s URL for `default`, and `--upstream-timeout`, `--connect-timeout`,
-/// `--latency-target`, `--max-inflight`, `--load-report` for every one).
+/// `descriptors`, its series in `metrics`. What a `[upstreams.NAME]` table leaves out is the
+/// command line's (`--upstream`'s URL for `default`, and `--upstream-timeout`,
+/// `--connect-timeout`, `--latency-target`, `--max-inflight`, `--load-report` for every one).
 ///
 /// # Errors
 /// An upstream whose URL is the proxy's own `--listen` address (requests would loop), or
@@ -129,51 +129,35 @@ fn build_upstreams(
     descriptors: &Arc<Descriptors>,
     metrics: &Metrics,
 ) -> Result<Upstreams, StartError> {
+    let defaults = Defaults {
+        url: config.upstream.clone(),
+        timeout: config.upstream_timeout,
+        connect_timeout: config.connect_timeout,
+        controller: config.controller,
+        load_report: config.load_report.clone(),
+        listen: config.listen,
+    };
+    let client = ClientOptions {
+        body_limit: config.max_body,
+        host: config.host_header,
+        trusted: config.trusted_proxies.as_slice().into(),
+        case: config.upstream_header_case,
+        descriptors: Some(Arc::clone(descriptors)),
+    };
+    let accounts = Accounts::default();
     let mut table = Vec::with_capacity(policy.upstreams().len());
     for spec in policy.upstreams() {
         let invalid = |message: String| StartError::Upstream {
             name: spec.name.clone(),
             message,
         };
-        let url = spec.url.as_ref().unwrap_or(&config.upstream);
-        if let Some(addr) = crate::config::loops_to(url, config.listen) {
-            return Err(invalid(format!(
-                "{addr} is the proxy's own --listen address: requests would loop"
-            )));
-        }
-        let timeout = spec.timeout.unwrap_or(config.upstream_timeout);
-        let controller = crate::pressure::ControllerConfig {
-            max_inflight: spec.max_inflight.or(config.controller.max_inflight),
-            latency_target: spec
-                .latency_target
-                .unwrap_or(config.controller.latency_target),
-            tuning: config.controller.tuning,
-        };
-        if controller.latency_target >= timeout {
-            return Err(invalid(format!(
-                "latency target {:?} is not below its timeout {timeout:?}",
-                controller.latency_target
-            )));
-        }
-        let proxy = Proxy::new(
-            url,
-            timeout,
-            spec.connect_timeout.unwrap_or(config.connect_timeout),
-            config.max_body,
-            config.host_header,
-            &config.trusted_proxies,
-            config.upstream_header_case,
-        )
-        .with_descriptors(Arc::clone(descriptors));
-        table.push(Upstream::new(
-            &spec.name,
-            proxy,
-            Arc::new(PressureGauge::new(controller)),
-            spec.load_report
-                .clone()
-                .or_else(|| config.load_report.clone()),
-            metrics,
-        ));
+        let settings = defaults.settings(spec).map_err(|(_, m)| invalid(m))?;
+        let account = accounts
+            .take()
+            .ok_or_else(|| invalid("no account of the buffered bytes is free".into()))?;
+        table.push(Arc::new(Upstream::build(
+            &spec.name, settings, &client, account, metrics,
+        )));
     }
     Ok(Upstreams::new(table))
 }
@@ -183,6 +167,16 @@ fn build_upstreams(
 /// budget then keeps an account for such bodies, `proxy::BufferBudget::rebalance`).
 fn unrouted_bodies(policy: &crate::policy::Policy) -> bool {
     policy.streams_leave_default() && policy.routes().iter().any(|r| r.upstream.is_none())
+}
+
+/// `capacity` of each upstream of `table`, at its account's index (0 where no upstream of
+/// the table has that account), for [`BufferBudget::rebalance`].
+fn capacities(table: &crate::upstream::Upstreams, capacity: impl Fn(&Upstream) -> u32) -> Vec<u32> {
+    let mut by_account = vec![0; crate::upstream::ACCOUNTS];
+    for up in table.iter() {
+        by_account[up.account.index()] = capacity(up);
+    }
+    by_account
 }
 
 /// A running proxy.
@@ -259,11 +253,11 @@ pub async fn start_with(
     let upstreams = build_upstreams(&config, &store.load().policy, &descriptors, &metrics)?;
     let buffers = Arc::new(BufferBudget::new(
         config.max_buffered_bytes,
-        upstreams.iter().count(),
+        crate::upstream::ACCOUNTS,
     ));
     // Shares from the start (each upstream's capacity unlearned), as every tick sets them.
     buffers.rebalance(
-        &vec![u32::MAX; upstreams.iter().count()],
+        &capacities(&upstreams, |_| u32::MAX),
         unrouted_bodies(&store.load().policy),
     );
     let parts = Parts {
@@ -424,8 +418,6 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     let mut upkeep = 0u32;
     // Each upstream's seconds spent shedding, by its place in the table.
     let mut shedding = vec![0.0f64; parts.upstreams.iter().count()];
-    // Their capacities, for the shares of the buffered bytes.
-    let mut capacities = Vec::with_capacity(shedding.len());
     // The devices past their floor, counted a tenth of the table each second.
     let (mut floor_part, mut past_floor) = (0usize, 0u64);
     loop {
@@ -445,10 +437,11 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
             );
         }
         // Each upstream's share of the buffered bytes follows its capacity.
-        capacities.clear();
-        capacities.extend(parts.upstreams.iter().map(|up| up.pressure.capacity()));
         let unrouted = unrouted_bodies(&parts.store.load().policy);
-        parts.buffers.rebalance(&capacities, unrouted);
+        parts.buffers.rebalance(
+            &capacities(&parts.upstreams, |up| up.pressure.capacity()),
+            unrouted,
+        );
         #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
         m.buffered_bytes.set(parts.buffers.used() as f64);
         last = now;

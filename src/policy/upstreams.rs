@@ -45,12 +45,6 @@ impl UpstreamId {
     pub fn index(self) -> usize {
         usize::from(self.0)
     }
-
-    /// The id at `index`, for tables built in unit tests without a policy.
-    #[cfg(test)]
-    pub(crate) const fn from_index(index: u16) -> UpstreamId {
-        UpstreamId(index)
-    }
 }
 
 /// One upstream as the policy states it. Each `None` is the command line's value for it (the

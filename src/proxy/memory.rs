@@ -17,7 +17,6 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::BoxError;
-use crate::upstream::UpstreamId;
 
 /// Buffered body bytes: the process-wide limit, what is held now, and each upstream's
 /// account of it. Shared by every request of a proxy.
@@ -55,7 +54,8 @@ pub struct BufferBudget {
     /// `Σ_u max(used_u, share_u)` over claiming accounts, `used_u` over the others; signed, as
     /// racing updates may briefly take it below 0.
     claimed: AtomicI64,
-    /// One per upstream, at its [`UpstreamId`]'s index; the unrouted one last.
+    /// One per upstream account ([`crate::upstream::Upstream::account`]); the unrouted one
+    /// last.
     accounts: Box<[Account]>,
 }
 
@@ -66,8 +66,10 @@ pub const IDLE_AFTER: u32 = 20;
 /// Which account of a [`BufferBudget`] a body is charged to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
-    /// The upstream the request goes to, known before its body is read.
-    Upstream(UpstreamId),
+    /// The upstream the request goes to, known before its body is read: its account's index
+    /// ([`crate::upstream::Upstream::account`], kept by the upstream across reloads, unlike
+    /// its [`crate::upstream::UpstreamId`]).
+    Upstream(usize),
     /// Not known before the body is read: share 0, borrows only unclaimed memory.
     Unrouted,
 }
@@ -92,9 +94,9 @@ impl Account {
 }
 
 impl BufferBudget {
-    /// A budget of `limit` bytes for `upstreams` upstreams (at least 1), in equal shares
-    /// until [`BufferBudget::rebalance`] is given their capacities; none claims its share
-    /// before it takes memory.
+    /// A budget of `limit` bytes with `upstreams` upstream accounts (at least 1), in equal
+    /// shares until [`BufferBudget::rebalance`] is given their capacities; none claims its
+    /// share before it takes memory.
     pub fn new(limit: u64, upstreams: usize) -> Self {
         let upstreams = upstreams.max(1);
         let accounts: Box<[Account]> = (0..=upstreams).map(|_| Account::default()).collect();
@@ -129,8 +131,9 @@ impl BufferBudget {
     }
 
     /// Once a tick: sets each upstream's share from `capacities` (its in-flight capacity, by
-    /// [`UpstreamId`] index; `u32::MAX` while not learned: such an upstream weighs as the
-    /// mean of the learned ones, and all weigh alike while none is) and, when `unrouted` (the
+    /// account index; `u32::MAX` while not learned: such an upstream weighs as the mean of
+    /// the learned ones, and all weigh alike while none is; 0, or past the slice's end: no
+    /// upstream has that account now, share 0) and, when `unrouted` (the
     /// policy can leave a body's upstream unknown until it is read), the unrouted account's
     /// as an upstream of the mean capacity; lets the share of an account idle for
     /// [`IDLE_AFTER`] ticks go, and recomputes the claim.
@@ -169,7 +172,7 @@ impl BufferBudget {
     fn set_shares(&self, capacities: &[u32], unrouted: bool) {
         let learned: Vec<u64> = capacities
             .iter()
-            .filter(|c| **c != u32::MAX)
+            .filter(|c| **c != u32::MAX && **c != 0)
             .map(|c| u64::from(*c))
             .collect();
         let unlearned = match learned.len() {
@@ -178,14 +181,12 @@ impl BufferBudget {
         };
         // The unrouted account weighs as an upstream of the mean capacity where the policy
         // can leave a body's upstream unknown until it is read, and nothing elsewhere.
-        let weights: Vec<u64> = capacities
-            .iter()
-            .map(|c| {
-                if *c == u32::MAX {
-                    unlearned
-                } else {
-                    u64::from(*c)
-                }
+        let upstreams = self.accounts.len() - 1;
+        let weights: Vec<u64> = (0..upstreams)
+            .map(|i| match capacities.get(i) {
+                Some(&u32::MAX) => unlearned,
+                Some(c) => u64::from(*c),
+                None => 0,
             })
             .chain(std::iter::once(if unrouted { unlearned } else { 0 }))
             .collect();
@@ -201,7 +202,7 @@ impl BufferBudget {
     fn account(&self, charge: Charge) -> &Account {
         let unrouted = self.accounts.len() - 1;
         let i = match charge {
-            Charge::Upstream(id) => id.index().min(unrouted),
+            Charge::Upstream(i) => i.min(unrouted),
             Charge::Unrouted => unrouted,
         };
         &self.accounts[i]
@@ -379,8 +380,8 @@ where
 mod tests {
     use super::*;
 
-    fn up(i: u16) -> Charge {
-        Charge::Upstream(crate::policy::UpstreamId::from_index(i))
+    fn up(i: usize) -> Charge {
+        Charge::Upstream(i)
     }
 
     #[test]

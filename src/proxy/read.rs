@@ -67,7 +67,9 @@ where
         || route.is_some_and(|i| policy.routes()[i].upstream.is_some())
         || !policy.streams_leave_default())
     .then(|| upstream_of(&shared.upstreams, policy, route, stream));
-    let charge = settled.map_or(Charge::Unrouted, Charge::Upstream);
+    let charge = settled.map_or(Charge::Unrouted, |id| {
+        Charge::Upstream(shared.upstreams[id].account.index())
+    });
     // Held until the body has been forwarded (the end of this function) or refused.
     let reservation = Reservation::new(Arc::clone(&shared.buffers), charge);
     let read = tokio::time::timeout(

@@ -63,7 +63,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::pressure::{ControllerConfig, PressureGauge};
+    use crate::pressure::ControllerConfig;
 
     /// An upstream on 127.0.0.1 that answers every request 200 with `X-Upstream: name`.
     async fn named_upstream(name: &'static str) -> Upstream {
@@ -90,21 +90,34 @@ mod tests {
                 });
             }
         });
-        let proxy = super::super::Proxy::new(
-            &format!("http://{addr}").parse().unwrap(),
-            Duration::from_secs(5),
-            Duration::from_secs(5),
-            1 << 20,
-            super::super::HostHeader::Client,
-            &[],
-            super::super::HeaderCase::Preserve,
-        );
-        let gauge = Arc::new(PressureGauge::new(ControllerConfig {
-            max_inflight: None,
-            latency_target: Duration::from_millis(50),
-            tuning: &crate::pressure::Tuning::DEFAULT,
-        }));
-        Upstream::new(name, proxy, gauge, None, &crate::metrics::Metrics::new())
+        let settings = crate::upstream::Settings {
+            url: format!("http://{addr}").parse().unwrap(),
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            controller: ControllerConfig {
+                max_inflight: None,
+                latency_target: Duration::from_millis(50),
+                tuning: &crate::pressure::Tuning::DEFAULT,
+            },
+            load_report: None,
+        };
+        let client = crate::upstream::ClientOptions {
+            body_limit: 1 << 20,
+            host: super::super::HostHeader::Client,
+            trusted: Arc::from([]),
+            case: super::super::HeaderCase::Preserve,
+            descriptors: None,
+        };
+        let account = crate::upstream::account::Accounts::default()
+            .take()
+            .unwrap();
+        Upstream::build(
+            name,
+            settings,
+            &client,
+            account,
+            &crate::metrics::Metrics::new(),
+        )
     }
 
     fn request() -> Request<ForwardBody> {

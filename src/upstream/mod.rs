@@ -7,6 +7,7 @@
 //! hygiene (RFC 9110 section 7.6.1), forwarding headers, the upstream timeout, and the
 //! mapping of client failures to rejections (docs/responses.md "Proxying").
 
+mod account;
 mod classes;
 mod dispatch;
 mod freshness;
@@ -14,13 +15,16 @@ mod headers;
 pub mod load_report;
 pub mod pool;
 mod set;
+mod settings;
 mod state;
 
+pub use account::{ACCOUNTS, Account, Accounts};
 pub use classes::{ClassGuard, ClassLoad};
 pub use dispatch::{Dispatch, Target};
 pub use freshness::{FloorGuard, FreshnessBudget};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
 pub use set::{DEFAULT_UPSTREAM, UpstreamId, Upstreams};
+pub use settings::{ClientOptions, Defaults, Settings};
 pub use state::Upstream;
 
 use std::convert::Infallible;

@@ -22,20 +22,15 @@ pub struct Upstreams {
 // === impl Upstreams ===
 
 impl Upstreams {
-    /// A table of one upstream, the default one (named [`DEFAULT_UPSTREAM`]).
-    pub fn of_default(default: Upstream) -> Self {
-        Upstreams::new(vec![default])
-    }
-
     /// A table of `upstreams`, the one at index `i` the policy's [`UpstreamId`] `i` (the
     /// default first; [`crate::policy::Policy::upstreams`] lists them in that order).
     ///
     /// # Panics
     /// With no upstream at all (every table has the default).
-    pub fn new(upstreams: Vec<Upstream>) -> Self {
+    pub fn new(upstreams: Vec<Arc<Upstream>>) -> Self {
         assert!(!upstreams.is_empty(), "an upstream table holds the default");
         Upstreams {
-            table: upstreams.into_iter().map(Arc::new).collect(),
+            table: upstreams.into(),
         }
     }
 

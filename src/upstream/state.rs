@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Proxy;
+use super::account::Account;
 use super::classes::ClassLoad;
 use super::freshness::FreshnessBudget;
 use super::load_report::LoadReportField;
+use super::settings::{ClientOptions, Settings};
 use crate::admission::Load;
 use crate::clock::Sources;
 use crate::clock::skew::{Change, ClockSkew};
@@ -22,6 +24,10 @@ use crate::pressure::PressureGauge;
 pub struct Upstream {
     /// Its name (`default` for `--upstream`).
     pub name: Arc<str>,
+    /// Its settings, the policy's merged with the command line's.
+    pub settings: Settings,
+    /// Its account of the buffered body bytes, kept across reloads that keep its name.
+    pub account: Arc<Account>,
     /// The pooled client that sends requests to it (pool, authority, path prefix, timeout).
     pub proxy: Proxy,
     /// Its pressure: the controller fed by its latencies, in-flight count and load reports.
@@ -45,26 +51,28 @@ pub struct Upstream {
 // === impl Upstream ===
 
 impl Upstream {
-    /// An upstream named `name`, reached through `proxy`, steered by `pressure`, reading
-    /// `load_report` from its answers, its series registered in `metrics`; its budgets empty
-    /// and its clock not yet sampled.
-    pub fn new(
+    /// An upstream named `name`, of `settings`, reached through a client of `client`'s,
+    /// its bodies charged to `account`, its series registered in `metrics`; cold, as at
+    /// start: its pressure learned nothing yet, its budgets empty, its clock not sampled.
+    pub fn build(
         name: &str,
-        proxy: Proxy,
-        pressure: Arc<PressureGauge>,
-        load_report: Option<LoadReportField>,
+        settings: Settings,
+        client: &ClientOptions,
+        account: Arc<Account>,
         metrics: &Metrics,
     ) -> Self {
         Upstream {
             name: name.into(),
-            proxy,
-            pressure,
+            proxy: client.proxy(&settings),
+            pressure: Arc::new(PressureGauge::new(settings.controller)),
             classes: Arc::new(ClassLoad::default()),
             freshness: Arc::new(FreshnessBudget::default()),
             skew: ClockSkew::default(),
-            load_report,
+            load_report: settings.load_report.clone(),
             metrics: UpstreamMetrics::new(metrics, name),
             load_report_warned: AtomicBool::new(false),
+            settings,
+            account,
         }
     }
 

@@ -314,15 +314,8 @@ impl TwoShares {
     }
 
     fn slow_id(&self) -> shedgate::proxy::Charge {
-        let id = self
-            .proxy
-            .parts
-            .store
-            .load()
-            .policy
-            .upstream("slow")
-            .unwrap();
-        shedgate::proxy::Charge::Upstream(id)
+        let slow = self.proxy.parts.upstreams.named("slow").unwrap();
+        shedgate::proxy::Charge::Upstream(slow.account.index())
     }
 }
 

@@ -1,0 +1,141 @@
+//! One upstream's settings as served: its `[upstreams.NAME]` table with the command line's
+//! values merged in where the table leaves one out ([`Defaults`]), and checked as merged.
+//! A reload compares them, upstream by upstream, to say what it must build anew
+//! ([`super::LiveUpstreams`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+use ipnet::IpNet;
+
+use super::{HeaderCase, HostHeader};
+use crate::edge::descriptors::Descriptors;
+use crate::policy::UpstreamSpec;
+use crate::pressure::ControllerConfig;
+use crate::pressure::report::LoadReportField;
+
+/// An upstream's settings, merged and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Base URL, `http://host:port[/prefix]` (`url`, `--upstream`).
+    pub url: Uri,
+    /// Time it has to send response headers (`timeout`, `--upstream-timeout`).
+    pub timeout: Duration,
+    /// Time to connect to it (`connect_timeout`, `--connect-timeout`).
+    pub connect_timeout: Duration,
+    /// Its controller's settings: latency target and in-flight cap (`latency_target`,
+    /// `max_inflight`, `--latency-target`, `--max-inflight`).
+    pub controller: ControllerConfig,
+    /// The ORCA metric read from its answers as its utilisation (`load_report`,
+    /// `--load-report`).
+    pub load_report: Option<LoadReportField>,
+}
+
+impl Settings {
+    /// Whether an upstream of `self` can become one of `new` keeping its controller (its
+    /// pressure, what it learned, its pin) and its budgets: they differ at most in where and
+    /// how it is reached (the URL and timeouts), which a new client takes care of.
+    pub fn same_controller(&self, new: &Settings) -> bool {
+        self.controller == new.controller && self.load_report == new.load_report
+    }
+}
+
+/// What an `[upstreams.NAME]` table leaves out: the command line's values, and the address
+/// the proxy listens on (an upstream there would loop).
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    /// `--upstream`: the URL of `default`.
+    pub url: Uri,
+    /// `--upstream-timeout`.
+    pub timeout: Duration,
+    /// `--connect-timeout`.
+    pub connect_timeout: Duration,
+    /// `--latency-target`, `--max-inflight` and the controller's tuning.
+    pub controller: ControllerConfig,
+    /// `--load-report`.
+    pub load_report: Option<LoadReportField>,
+    /// The proxy's own listening address (`--listen`, as bound).
+    pub listen: SocketAddr,
+}
+
+impl Defaults {
+    /// `spec`'s settings: each value the policy leaves out is the command line's.
+    ///
+    /// # Errors
+    /// The key at fault (`url`, `latency_target`) and what is wrong with the settings
+    /// merged, for the caller to place (the name is not in it): a URL that is the proxy's
+    /// own listening address (requests would loop), a latency target not below the timeout.
+    pub fn settings(&self, spec: &UpstreamSpec) -> Result<Settings, (&'static str, String)> {
+        let url = spec.url.as_ref().unwrap_or(&self.url).clone();
+        if let Some(addr) = crate::policy::loops_to(&url, self.listen) {
+            return Err((
+                "url",
+                format!("{addr} is the proxy's own --listen address: requests would loop"),
+            ));
+        }
+        let timeout = spec.timeout.unwrap_or(self.timeout);
+        let controller = ControllerConfig {
+            max_inflight: spec.max_inflight.or(self.controller.max_inflight),
+            latency_target: spec
+                .latency_target
+                .unwrap_or(self.controller.latency_target),
+            tuning: self.controller.tuning,
+        };
+        if controller.latency_target >= timeout {
+            return Err((
+                "latency_target",
+                format!(
+                    "latency target {:?} is not below its timeout {timeout:?}",
+                    controller.latency_target
+                ),
+            ));
+        }
+        Ok(Settings {
+            url,
+            timeout,
+            connect_timeout: spec.connect_timeout.unwrap_or(self.connect_timeout),
+            controller,
+            load_report: spec
+                .load_report
+                .clone()
+                .or_else(|| self.load_report.clone()),
+        })
+    }
+}
+
+/// What every upstream's client shares: the process's settings of how requests are
+/// forwarded, and where sockets are counted.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// `--max-body`, reported in 413s.
+    pub body_limit: u64,
+    /// `--host-header`.
+    pub host: HostHeader,
+    /// `--trusted-proxy`: peers that keep their forwarding headers.
+    pub trusted: Arc<[IpNet]>,
+    /// `--upstream-header-case`.
+    pub case: HeaderCase,
+    /// The process's descriptors, where upstream sockets are counted (none in unit tests).
+    pub descriptors: Option<Arc<Descriptors>>,
+}
+
+impl ClientOptions {
+    /// A client for an upstream of `settings`.
+    pub fn proxy(&self, settings: &Settings) -> super::Proxy {
+        let proxy = super::Proxy::new(
+            &settings.url,
+            settings.timeout,
+            settings.connect_timeout,
+            self.body_limit,
+            self.host,
+            &self.trusted,
+            self.case,
+        );
+        match &self.descriptors {
+            Some(d) => proxy.with_descriptors(Arc::clone(d)),
+            None => proxy,
+        }
+    }
+}
