@@ -26,7 +26,7 @@ use crate::policy::{PolicyError, Warning};
 use crate::pressure::{Pressure, PressureGauge, TICK};
 use crate::proxy::{AdmissionLayer, AdmissionSettings, BufferBudget};
 use crate::signals::Signals;
-use crate::upstream::{Accounts, ClientOptions, Defaults, Dispatch, Upstream, Upstreams};
+use crate::upstream::{ClientOptions, Defaults, Dispatch, LiveUpstreams, Upstream};
 
 /// Why the proxy could not start. `serve` exits with code 2 for config errors and 1 for the
 /// rest.
@@ -66,9 +66,11 @@ pub enum StartError {
 pub struct Parts {
     /// The live policy.
     pub store: Arc<PolicyStore>,
-    /// The upstreams, each with its own pressure, budgets, clock and client.
-    pub upstreams: Upstreams,
-    /// The default upstream's pressure (`upstreams`' `default`).
+    /// The upstreams, each with its own pressure, budgets, clock and client, and the policy
+    /// they were built for: the live routing, rebuilt by each reload.
+    pub upstreams: Arc<LiveUpstreams>,
+    /// The default upstream's pressure (`upstreams`' `default`: a policy cannot redefine
+    /// it, so no reload replaces it).
     pub pressure: Arc<PressureGauge>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
@@ -97,7 +99,7 @@ pub fn build_stack(
         // the in-flight guard, which must live until the response body ends.
         .layer(AdmissionLayer::new(
             Arc::clone(&parts.store),
-            parts.upstreams.clone(),
+            Arc::clone(&parts.upstreams),
             Arc::clone(&parts.buffers),
             Arc::clone(&parts.devices),
             AdmissionSettings {
@@ -114,28 +116,30 @@ pub fn build_stack(
         .service(Dispatch)
 }
 
-/// One upstream per upstream of `policy` (its [`crate::policy::UpstreamId`] order, `default`
-/// first), each cold: its pressure starts from nothing learned, its sockets counted against
-/// `descriptors`, its series in `metrics`. What a `[upstreams.NAME]` table leaves out is the
-/// command line's (`--upstream`'s URL for `default`, and `--upstream-timeout`,
-/// `--connect-timeout`, `--latency-target`, `--max-inflight`, `--load-report` for every one).
+/// The upstreams of the live policy in `store`, each cold (its pressure starts from nothing
+/// learned), its sockets counted against `descriptors`, its series in `metrics`; and the
+/// reload step that rebuilds them for each new policy ([`LiveUpstreams::prepare`]). What a
+/// `[upstreams.NAME]` table leaves out is the command line's (`--upstream`'s URL for
+/// `default`, and `--upstream-timeout`, `--connect-timeout`, `--latency-target`,
+/// `--max-inflight`, `--load-report` for every one); `listen` is the proxy's bound address.
 ///
 /// # Errors
-/// An upstream whose URL is the proxy's own `--listen` address (requests would loop), or
+/// An upstream whose URL is the proxy's own `listen` address (requests would loop), or
 /// whose latency target is not below its timeout once the command line's values are merged.
 fn build_upstreams(
     config: &Config,
-    policy: &crate::policy::Policy,
+    store: &PolicyStore,
+    listen: SocketAddr,
     descriptors: &Arc<Descriptors>,
-    metrics: &Metrics,
-) -> Result<Upstreams, StartError> {
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<LiveUpstreams>, StartError> {
     let defaults = Defaults {
         url: config.upstream.clone(),
         timeout: config.upstream_timeout,
         connect_timeout: config.connect_timeout,
         controller: config.controller,
         load_report: config.load_report.clone(),
-        listen: config.listen,
+        listen,
     };
     let client = ClientOptions {
         body_limit: config.max_body,
@@ -144,22 +148,15 @@ fn build_upstreams(
         case: config.upstream_header_case,
         descriptors: Some(Arc::clone(descriptors)),
     };
-    let accounts = Accounts::default();
-    let mut table = Vec::with_capacity(policy.upstreams().len());
-    for spec in policy.upstreams() {
-        let invalid = |message: String| StartError::Upstream {
-            name: spec.name.clone(),
-            message,
-        };
-        let settings = defaults.settings(spec).map_err(|(_, m)| invalid(m))?;
-        let account = accounts
-            .take()
-            .ok_or_else(|| invalid("no account of the buffered bytes is free".into()))?;
-        table.push(Arc::new(Upstream::build(
-            &spec.name, settings, &client, account, metrics,
-        )));
-    }
-    Ok(Upstreams::new(table))
+    let upstreams = LiveUpstreams::open(store.load(), defaults, client, Arc::clone(metrics))
+        .map_err(|e| StartError::Upstream {
+            name: e.name,
+            message: e.message,
+        })?;
+    let upstreams = Arc::new(upstreams);
+    let live = Arc::clone(&upstreams);
+    store.set_prepare(Box::new(move |snapshot| live.prepare(snapshot)));
+    Ok(upstreams)
 }
 
 /// Whether `policy` can leave a body's upstream unknown until the body is read: a route
@@ -250,36 +247,6 @@ pub async fn start_with(
     let (store, warnings) =
         PolicyStore::open(&config.policies, Arc::clone(&metrics), sources.clone())?;
     let descriptors = Arc::new(Descriptors::of_process(Some(Arc::clone(&metrics))));
-    let upstreams = build_upstreams(&config, &store.load().policy, &descriptors, &metrics)?;
-    let buffers = Arc::new(BufferBudget::new(
-        config.max_buffered_bytes,
-        crate::upstream::ACCOUNTS,
-    ));
-    // Shares from the start (each upstream's capacity unlearned), as every tick sets them.
-    buffers.rebalance(
-        &capacities(&upstreams, |_| u32::MAX),
-        unrouted_bodies(&store.load().policy),
-    );
-    let parts = Parts {
-        metrics: Arc::clone(&metrics),
-        store: Arc::new(store),
-        pressure: Arc::clone(&upstreams.default_upstream().pressure),
-        upstreams,
-        buffers,
-        devices: Arc::new(crate::devices::DeviceTable::new(
-            config.max_devices,
-            sources.now(),
-        )),
-        records: crate::record::Records {
-            log: config
-                .access_log
-                .as_ref()
-                .map(|log| crate::record::AccessLog::start(log, &metrics, signals))
-                .transpose()?,
-            preview: Arc::default(),
-        },
-        descriptors,
-    };
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
             .await
@@ -297,6 +264,36 @@ pub async fn start_with(
             addr: config.admin_listen,
             source,
         })?;
+    let upstreams = build_upstreams(&config, &store, proxy_addr, &descriptors, &metrics)?;
+    let buffers = Arc::new(BufferBudget::new(
+        config.max_buffered_bytes,
+        crate::upstream::ACCOUNTS,
+    ));
+    // Shares from the start (each upstream's capacity unlearned), as every tick sets them.
+    buffers.rebalance(
+        &capacities(&upstreams.table(), |_| u32::MAX),
+        unrouted_bodies(&store.load().policy),
+    );
+    let parts = Parts {
+        metrics: Arc::clone(&metrics),
+        store: Arc::new(store),
+        pressure: Arc::clone(&upstreams.table().default_upstream().pressure),
+        upstreams,
+        buffers,
+        devices: Arc::new(crate::devices::DeviceTable::new(
+            config.max_devices,
+            sources.now(),
+        )),
+        records: crate::record::Records {
+            log: config
+                .access_log
+                .as_ref()
+                .map(|log| crate::record::AccessLog::start(log, &metrics, signals))
+                .transpose()?,
+            preview: Arc::default(),
+        },
+        descriptors,
+    };
     let (shutdown, shutdown_rx) = watch::channel(false);
 
     // TLS on the proxy listener: the pair checked and served from a live store.
@@ -342,7 +339,7 @@ pub async fn start_with(
     )));
     let router = admin::router(AdminState {
         store: Arc::clone(&parts.store),
-        upstreams: parts.upstreams.clone(),
+        upstreams: Arc::clone(&parts.upstreams),
         metrics: Arc::clone(&parts.metrics),
         lame_duck: lame_duck.clone(),
         devices: Arc::clone(&parts.devices),
@@ -416,8 +413,9 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
     let mut upkeep = 0u32;
-    // Each upstream's seconds spent shedding, by its place in the table.
-    let mut shedding = vec![0.0f64; parts.upstreams.iter().count()];
+    // Each upstream's seconds spent shedding, by name (its series', which a reload that
+    // keeps the name continues).
+    let mut shedding: std::collections::HashMap<Arc<str>, f64> = std::collections::HashMap::new();
     // The devices past their floor, counted a tenth of the table each second.
     let (mut floor_part, mut past_floor) = (0usize, 0u64);
     loop {
@@ -427,21 +425,24 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
         }
         let now = tokio::time::Instant::now();
         let m = &parts.metrics;
-        for (up, shedding) in parts.upstreams.iter().zip(&mut shedding) {
+        // The live table: a reload's upstreams from the next tick on.
+        let table = parts.upstreams.table();
+        shedding.retain(|name, _| table.iter().any(|up| up.name == *name));
+        for up in table.iter() {
+            let seconds = shedding.entry(Arc::clone(&up.name)).or_default();
             tick_upstream(
                 &parts,
                 up,
                 now,
                 now.saturating_duration_since(last),
-                shedding,
+                seconds,
             );
         }
         // Each upstream's share of the buffered bytes follows its capacity.
         let unrouted = unrouted_bodies(&parts.store.load().policy);
-        parts.buffers.rebalance(
-            &capacities(&parts.upstreams, |up| up.pressure.capacity()),
-            unrouted,
-        );
+        parts
+            .buffers
+            .rebalance(&capacities(&table, |up| up.pressure.capacity()), unrouted);
         #[expect(clippy::cast_precision_loss, reason = "bytes below 2^52")]
         m.buffered_bytes.set(parts.buffers.used() as f64);
         last = now;

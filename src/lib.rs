@@ -48,8 +48,10 @@
 //!   [`admission::DeviceHistory`] its decisions read.
 //! - [`stats`] and [`metrics`]: the operational summary behind `/stats`, and metric names as
 //!   constants with descriptions and pre-registered handles.
-//! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically, and the
-//!   reload that watches the policy directory where its symlinks lead (`live::watched`).
+//! - [`live`]: the [`live::PolicyStore`] that swaps compiled snapshots atomically (after a
+//!   prepare step a layer above registers: the upstream table rebuilt for the new snapshot),
+//!   and the reload that watches the policy directory where its symlinks lead
+//!   (`live::watched`).
 //! - [`record`]: every decision on record — the access log (one JSON line per answer,
 //!   written off the request path), the replay of a log under a policy, and the preview of a
 //!   candidate policy decided in shadow.
@@ -67,7 +69,10 @@
 //!   budgets, its clock skew, its load-report reading, its metric series
 //!   ([`metrics::UpstreamMetrics`], labelled `upstream`); [`upstream::Upstreams`], the table
 //!   the request path, the pressure tick and the admin listener reach each one by
-//!   ([`upstream::UpstreamId`]); [`upstream::Dispatch`], the stack's innermost service,
+//!   ([`upstream::UpstreamId`]), read by a request with its policy as one
+//!   [`upstream::Routing`]; [`upstream::LiveUpstreams`], which a reload rebuilds by name
+//!   (unchanged upstreams kept, a new URL reached through a new pool, an added one cold);
+//!   [`upstream::Dispatch`], the stack's innermost service,
 //!   sending each request to the upstream admission chose for it. And the client's header
 //!   hygiene and the reader of the upstream's ORCA load report (`upstream::load_report`).
 //! - [`proxy`]: the tower [`proxy::AdmissionLayer`], one stage per file (resolve in the

@@ -24,16 +24,16 @@ use crate::live::PolicyStore;
 use crate::metrics::Metrics;
 use crate::policy::{Area, Class, Mode, Supersession};
 use crate::pressure::Pressure;
-use crate::upstream::{Upstream, Upstreams};
+use crate::upstream::{LiveUpstreams, Upstream};
 
 /// What the admin handlers read and change.
 #[derive(Debug, Clone)]
 pub struct AdminState {
     /// The live policy.
     pub store: Arc<PolicyStore>,
-    /// The upstreams: `/pressure` is the one `?upstream=` names (`default` without), `/stats`
-    /// the default one's and a line for each.
-    pub upstreams: Upstreams,
+    /// The live upstreams: `/pressure` is the one `?upstream=` names (`default` without),
+    /// `/stats` the default one's and a line for each, as the last reload left them.
+    pub upstreams: Arc<LiveUpstreams>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
     /// Set on SIGTERM: `/healthz` answers 503 so that readiness fails while traffic is
@@ -283,7 +283,8 @@ async fn stats(State(s): State<AdminState>) -> Response {
             .stream(name)
             .map(|id| policy.stream_policy(id).class.as_str())
     });
-    let gauge = &s.upstreams.default_upstream().pressure;
+    let table = s.upstreams.table();
+    let gauge = &table.default_upstream().pressure;
     let pressure = gauge.pressure();
     let mut disabled = Vec::new();
     for st in policy.streams() {
@@ -309,7 +310,7 @@ async fn stats(State(s): State<AdminState>) -> Response {
         "disabled": disabled,
         "warn_note": "warn-mode would-sheds are counted at the observed pressure, which is higher than enforcing would leave it",
         "policy_version": policy.version(),
-        "upstreams": s.upstreams.iter().map(|up| serde_json::json!({
+        "upstreams": table.iter().map(|up| serde_json::json!({
             "name": &*up.name,
             "pressure": up.pressure.pressure().get(),
             "pinned": up.pressure.is_pinned(),
@@ -421,11 +422,12 @@ fn named_upstream(s: &AdminState, uri: &axum::http::Uri) -> Result<Arc<Upstream>
     let name = form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "upstream")
         .map(|(_, v)| v.into_owned());
+    let table = s.upstreams.table();
     let Some(name) = name else {
-        return Ok(Arc::clone(s.upstreams.default_upstream()));
+        return Ok(Arc::clone(table.default_upstream()));
     };
-    s.upstreams.named(&name).cloned().ok_or_else(|| {
-        let names: Vec<&str> = s.upstreams.iter().map(|up| &*up.name).collect();
+    table.named(&name).cloned().ok_or_else(|| {
+        let names: Vec<&str> = table.iter().map(|up| &*up.name).collect();
         format!(
             "no upstream {name:?}; this proxy's are {}",
             names.join(", ")

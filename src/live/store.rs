@@ -10,39 +10,7 @@ use serde::Serialize;
 
 use crate::clock::Sources;
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::policy::{Compiled, Policy, PolicyError, PolicyFiles, Warning, compile};
-
-/// Why a reload that changes the policy's upstreams is refused: each upstream's state (its
-/// pressure, pool and budgets) is built at start for the upstreams the policy names then.
-pub const UPSTREAMS_CHANGE_REFUSED: &str = "the upstreams ([upstreams.NAME] tables) differ \
-     from the ones this process serves, and changing them takes a restart in this version; \
-     the live policy is kept (moving a route or stream between the upstreams it has needs \
-     no restart)";
-
-/// Compiles `files` for serving: as `shedgate check` does, and then, for a reload (`live`:
-/// the policy served now), refuses a policy whose upstreams differ from the live one's
-/// ([`UPSTREAMS_CHANGE_REFUSED`], at the first place the files name one).
-fn compile_served(files: &PolicyFiles, live: Option<&Policy>) -> Result<Compiled, PolicyError> {
-    let compiled = compile(files)?;
-    if let Some(live) = live
-        && live.upstreams() != compiled.policy.upstreams()
-    {
-        let location = compiled
-            .policy
-            .upstreams_named_at()
-            .cloned()
-            .unwrap_or_else(|| crate::policy::Location {
-                file: files.dir().join("streams.toml"),
-                line_col: None,
-                field: Some("upstreams".into()),
-            });
-        return Err(PolicyError {
-            location,
-            message: UPSTREAMS_CHANGE_REFUSED.into(),
-        });
-    }
-    Ok(compiled)
-}
+use crate::policy::{Policy, PolicyError, PolicyFiles, Warning, compile};
 
 /// A compiled policy with its metric handles.
 #[derive(Debug)]
@@ -101,8 +69,11 @@ pub struct ReloadStatus {
     failed_version: Option<String>,
 }
 
+/// What a reload runs just before it swaps a new snapshot in ([`PolicyStore::set_prepare`]):
+/// the proxy's upstreams rebuilt for it. An error fails the reload as a policy error does.
+pub type Prepare = Box<dyn Fn(&Arc<Snapshot>) -> Result<(), PolicyError> + Send + Sync>;
+
 /// The live policy of one proxy.
-#[derive(Debug)]
 pub struct PolicyStore {
     dir: PathBuf,
     live: ArcSwap<Snapshot>,
@@ -112,6 +83,17 @@ pub struct PolicyStore {
     reloading: Mutex<()>,
     /// The wall clock of reload times.
     sources: Sources,
+    /// Run before each swap, once set.
+    prepare: std::sync::OnceLock<Prepare>,
+}
+
+impl std::fmt::Debug for PolicyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyStore")
+            .field("dir", &self.dir)
+            .field("version", &self.live.load().policy.version())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PolicyStore {
@@ -124,7 +106,7 @@ impl PolicyStore {
         metrics: Arc<Metrics>,
         sources: Sources,
     ) -> Result<(Self, Vec<Warning>), PolicyError> {
-        let compiled = compile_served(&PolicyFiles::read(dir)?, None)?;
+        let compiled = compile(&PolicyFiles::read(dir)?)?;
         let snapshot = Snapshot::new(&metrics, compiled.policy);
         let now = sources.now();
         metrics.policy_loaded(&snapshot.policy, now);
@@ -139,9 +121,20 @@ impl PolicyStore {
                 }),
                 reloading: Mutex::new(()),
                 sources,
+                prepare: std::sync::OnceLock::new(),
             },
             compiled.warnings,
         ))
+    }
+
+    /// Has each reload run `prepare` on the new snapshot just before swapping it in (set
+    /// once; a second call is ignored). This is how what is built for each policy (the
+    /// upstream table, which this layer does not know) changes with it: a `prepare` that
+    /// fails fails the reload, and the live policy is kept.
+    pub fn set_prepare(&self, prepare: Prepare) {
+        if self.prepare.set(prepare).is_err() {
+            tracing::error!("a policy store's prepare step was set twice; the first is kept");
+        }
     }
 
     /// The clock and draw this store (and the proxy it belongs to) reads.
@@ -199,12 +192,15 @@ impl PolicyStore {
                 };
             }
         }
-        match compile_served(&files, Some(&self.live.load().policy)) {
+        match compile(&files) {
             Ok(compiled) => {
+                let snapshot = Arc::new(Snapshot::new(&self.metrics, compiled.policy));
+                if let Some(Err(e)) = self.prepare.get().map(|prepare| prepare(&snapshot)) {
+                    return self.failed(live, Some(version), &e);
+                }
                 for w in &compiled.warnings {
                     tracing::warn!("{w}");
                 }
-                let snapshot = Arc::new(Snapshot::new(&self.metrics, compiled.policy));
                 self.live.store(Arc::clone(&snapshot));
                 let now = self.sources.now();
                 self.metrics.policy_loaded(&snapshot.policy, now);

@@ -15,6 +15,7 @@ use super::{
 /// handle costs a few nanoseconds to use; a `counter!` macro with a dynamic label about a
 /// hundred). Registering the same name again on the same [`Metrics`] gives handles to the
 /// same series, so an upstream built anew under its old name continues its counts.
+#[derive(Clone)]
 pub struct UpstreamMetrics {
     /// [`PRESSURE`].
     pub pressure: Gauge,

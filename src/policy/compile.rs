@@ -509,6 +509,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             upstreams: upstreams.specs,
             upstream_index: upstreams.index,
             upstreams_named_at: upstreams.first,
+            upstreams_at: upstreams.at,
             streams_leave_default,
         },
         warnings,

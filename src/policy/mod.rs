@@ -321,6 +321,7 @@ pub struct Policy {
     upstreams: Vec<UpstreamSpec>,
     upstream_index: Lookup<String, UpstreamId>,
     upstreams_named_at: Option<Location>,
+    upstreams_at: Vec<Option<Location>>,
     streams_leave_default: bool,
 }
 

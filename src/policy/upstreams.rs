@@ -134,6 +134,7 @@ pub(super) struct UpstreamTable<'a> {
     index: Lookup<String, UpstreamId>,
     named: Vec<bool>,
     first: Option<Location>,
+    at: Vec<Option<Location>>,
 }
 
 /// The compiled upstreams, for [`Policy`]'s fields.
@@ -141,6 +142,8 @@ pub(super) struct Upstreams {
     pub(super) specs: Vec<UpstreamSpec>,
     pub(super) index: Lookup<String, UpstreamId>,
     pub(super) first: Option<Location>,
+    /// Where each is defined, by id (`None` for `default`).
+    pub(super) at: Vec<Option<Location>>,
 }
 
 impl<'a> UpstreamTable<'a> {
@@ -158,6 +161,7 @@ impl<'a> UpstreamTable<'a> {
             index: Lookup::default(),
             named: vec![false],
             first: None,
+            at: vec![None],
         };
         table
             .index
@@ -242,13 +246,13 @@ impl<'a> UpstreamTable<'a> {
             let id = UpstreamId(u16::try_from(table.specs.len()).unwrap_or(u16::MAX));
             table.index.insert(name.clone(), id);
             table.named.push(false);
-            if table.first.is_none() {
-                table.first = Some(Location {
-                    file: path.to_owned(),
-                    line_col: header,
-                    field: Some(format!("upstreams.{name:?}")),
-                });
-            }
+            let at = Location {
+                file: path.to_owned(),
+                line_col: header,
+                field: Some(format!("upstreams.{name:?}")),
+            };
+            table.first.get_or_insert_with(|| at.clone());
+            table.at.push(Some(at));
             table.specs.push(UpstreamSpec {
                 name,
                 url: Some(url),
@@ -317,6 +321,7 @@ impl<'a> UpstreamTable<'a> {
             specs: self.specs,
             index: self.index,
             first: self.first,
+            at: self.at,
         }
     }
 }
@@ -348,6 +353,12 @@ impl Policy {
             .and_then(|r| r.upstream)
             .or_else(|| stream.and_then(|id| self.streams.get(id.index())?.upstream))
             .unwrap_or(UpstreamId::DEFAULT)
+    }
+
+    /// Where the policy files define upstream `id` (its `[upstreams.NAME]` table's header,
+    /// field `upstreams."NAME"`); `None` for `default`, which the command line defines.
+    pub fn upstream_at(&self, id: UpstreamId) -> Option<&Location> {
+        self.upstreams_at.get(id.index())?.as_ref()
     }
 
     /// Where the policy files first name an upstream (an `[upstreams.NAME]` table, else an

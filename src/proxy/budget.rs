@@ -8,9 +8,8 @@ use super::Shared;
 use super::shed::shed_outside_decide;
 use crate::admission::{ShedReason, Verdict};
 use crate::edge::rejection::Body;
-use crate::live::store::Snapshot;
 use crate::policy::{Class, StreamId};
-use crate::upstream::{ClassGuard, Upstream, UpstreamId};
+use crate::upstream::{ClassGuard, Routing, Upstream, UpstreamId};
 
 /// Whether a `never` request of `class` bound to `up` must get a place under the class cap
 /// first.
@@ -25,7 +24,7 @@ pub(super) fn capped(up: &Upstream, policy: &crate::policy::Policy, class: Class
 pub(super) async fn hold_for_room(
     shared: &Shared,
     upstream: UpstreamId,
-    snapshot: &Snapshot,
+    snapshot: &Routing,
     stream: Option<StreamId>,
     class: Class,
 ) -> Result<Option<ClassGuard>, Response<Body>> {
@@ -38,7 +37,7 @@ pub(super) async fn hold_for_room(
             .shed(stream, None, Verdict::WouldShed(ShedReason::Budget));
         return Ok(None);
     }
-    match wait_for_room(&shared.upstreams[upstream], policy, class).await {
+    match wait_for_room(&snapshot.upstreams[upstream], policy, class).await {
         Ok(guard) => Ok(Some(guard)),
         Err(()) => Err(shed_outside_decide(
             shared,

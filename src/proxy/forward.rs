@@ -19,7 +19,7 @@ use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
-use crate::upstream::{ClassGuard, ForwardBody, Target, UpstreamId, UpstreamOutcome};
+use crate::upstream::{ClassGuard, ForwardBody, Routing, Target, UpstreamId, UpstreamOutcome};
 
 /// A request whose body streams to the upstream unread, bounded in size and time.
 pub(super) fn stream_through<B>(shared: &Shared, req: Request<B>) -> Request<ForwardBody>
@@ -60,7 +60,7 @@ pub(super) struct Delivery {
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
     inner: S,
-    snapshot: Arc<Snapshot>,
+    snapshot: Arc<Routing>,
     upstream: UpstreamId,
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
@@ -72,7 +72,7 @@ where
     S::Future: Send,
 {
     let mut req = req;
-    let up = &shared.upstreams[upstream];
+    let up = &snapshot.upstreams[upstream];
     // The access log's note: the decision's, else a body streamed through unread.
     let mut note = shared.recording().then(|| {
         req.extensions_mut()

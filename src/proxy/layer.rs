@@ -8,7 +8,7 @@ use super::memory::BufferBudget;
 use super::service::Admission;
 use super::{AdmissionSettings, Shared};
 use crate::live::PolicyStore;
-use crate::upstream::Upstreams;
+use crate::upstream::LiveUpstreams;
 
 /// Wraps a proxy service with admission control.
 #[derive(Debug, Clone)]
@@ -17,8 +17,8 @@ pub struct AdmissionLayer {
 }
 
 impl AdmissionLayer {
-    /// A layer deciding with the live policy in `store` and the pressure and budgets of each
-    /// request's upstream in `upstreams` (the request carries its upstream to the inner
+    /// A layer deciding with the live policy and the pressure and budgets of each request's
+    /// upstream in `upstreams` (read as one pair per request; `store` gives the clock) (the request carries its upstream to the inner
     /// service as a [`crate::upstream::Target`]: [`crate::upstream::Dispatch`] sends it
     /// there), sheddable bodies drawing on `buffers`, devices remembered in `devices`,
     /// answers written to the access log and decided in the preview's shadow as `records`
@@ -26,7 +26,7 @@ impl AdmissionLayer {
     /// proxy.
     pub fn new(
         store: Arc<PolicyStore>,
-        upstreams: Upstreams,
+        upstreams: Arc<LiveUpstreams>,
         buffers: Arc<BufferBudget>,
         devices: Arc<crate::devices::DeviceTable>,
         settings: AdmissionSettings,

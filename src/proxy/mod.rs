@@ -40,7 +40,7 @@ pub use service::Admission;
 
 use crate::clock::Sources;
 use crate::live::PolicyStore;
-use crate::upstream::Upstreams;
+use crate::upstream::LiveUpstreams;
 
 /// Request-path settings of the middleware.
 #[derive(Debug, Clone)]
@@ -58,8 +58,9 @@ struct Shared {
     store: Arc<PolicyStore>,
     settings: AdmissionSettings,
     /// The upstreams requests go to, each with its own pressure, class and freshness
-    /// budgets, clock and client.
-    upstreams: Upstreams,
+    /// budgets, clock and client, read with the policy they were built for (each request
+    /// loads the pair once).
+    upstreams: Arc<LiveUpstreams>,
     /// Buffered body bytes (`--max-buffered-bytes`).
     buffers: Arc<BufferBudget>,
     /// What this replica remembers of each device.

@@ -27,19 +27,18 @@ use crate::admission::{
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
 use crate::extract::coding::{DecodeError, decoded};
 use crate::extract::{BodyState, Coordinates, EventTime};
-use crate::live::store::Snapshot;
 use crate::metrics::{Fact, Outcome};
 use crate::policy::Supersession;
 use crate::record::preview::Live;
 use crate::record::{Decided, Note};
-use crate::upstream::{ForwardBody, Target, UpstreamId};
+use crate::upstream::{ForwardBody, Routing, Target, Upstream};
 
 /// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
 /// forwards or answers.
 pub(super) async fn admit_sheddable<S, B>(
     shared: Arc<Shared>,
     inner: S,
-    snapshot: Arc<Snapshot>,
+    snapshot: Arc<Routing>,
     read_as: Reading,
     req: Request<B>,
 ) -> Response<Body>
@@ -66,9 +65,9 @@ where
     let settled = (read_as.known.is_some()
         || route.is_some_and(|i| policy.routes()[i].upstream.is_some())
         || !policy.streams_leave_default())
-    .then(|| upstream_of(&shared.upstreams, policy, route, stream));
+    .then(|| upstream_of(&snapshot.upstreams, policy, route, stream));
     let charge = settled.map_or(Charge::Unrouted, |id| {
-        Charge::Upstream(shared.upstreams[id].account.index())
+        Charge::Upstream(snapshot.upstreams[id].account.index())
     });
     // Held until the body has been forwarded (the end of this function) or refused.
     let reservation = Reservation::new(Arc::clone(&shared.buffers), charge);
@@ -83,7 +82,7 @@ where
             // upstream when that is settled; otherwise at none (its stream, in the unread
             // body, would have said which).
             if let Some(upstream) = settled {
-                shared.upstreams[upstream].pressure.arrive();
+                snapshot.upstreams[upstream].pressure.arrive();
             }
             return shed_outside_decide(&shared, settled, &snapshot, stream, ShedReason::Memory);
         }
@@ -169,8 +168,8 @@ where
         }
     }
     // The upstream the request goes to: its clock, pressure and budgets decide it.
-    let upstream = upstream_of(&shared.upstreams, &snapshot.policy, route, stream);
-    let up = &shared.upstreams[upstream];
+    let upstream = upstream_of(&snapshot.upstreams, &snapshot.policy, route, stream);
+    let up = &snapshot.upstreams[upstream];
     // Ages are judged against the upstream's clock when the local one is off by more than
     // the bound (docs/decision.md "Decision rule", step 4).
     let local_now = shared.sources().now();
@@ -298,7 +297,11 @@ where
         // Every answer stale and no recent `Date` to tell a backlog from a clock that is
         // ahead: ask the upstream for its clock, off the request path.
         up.metrics.clock_probes.increment(1);
-        tokio::spawn(probe_clock(Arc::clone(&shared), inner.clone(), upstream));
+        tokio::spawn(probe_clock(
+            Arc::clone(&shared),
+            inner.clone(),
+            Arc::clone(up),
+        ));
     }
     if decision.implausible_time {
         m.unreadable(stream, route, Fact::ImplausibleTime);
@@ -396,7 +399,7 @@ where
 /// Sends `OPTIONS *` (RFC 9110 section 9.3.7: a request about the server as a whole, its
 /// "ping") to `upstream` and samples its clock from the answer's `Date`. Not a latency
 /// sample and not a request of any stream.
-async fn probe_clock<S>(shared: Arc<Shared>, inner: S, upstream: UpstreamId)
+async fn probe_clock<S>(shared: Arc<Shared>, inner: S, up: Arc<Upstream>)
 where
     S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
@@ -407,8 +410,7 @@ where
     let mut req = Request::new(body);
     *req.method_mut() = http::Method::OPTIONS;
     *req.uri_mut() = http::Uri::from_static("*");
-    let up = &shared.upstreams[upstream];
-    req.extensions_mut().insert(Target(Arc::clone(up)));
+    req.extensions_mut().insert(Target(Arc::clone(&up)));
     let call: std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>,
     > = Box::pin(tower::ServiceExt::oneshot(inner, req));

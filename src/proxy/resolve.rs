@@ -66,8 +66,8 @@ pub(super) fn resolve<B>(policy: &Policy, req: &Request<B>, stream_header: &Head
 
 /// The upstream a request of `stream` (when known) read by `route` (when one matched) goes
 /// to: the route's, else the stream's, else `default` ([`Policy::upstream_of`]). The table
-/// was built for the policy's upstreams and a reload that changes them is refused, so the id
-/// is the table's; were it not, `default` (an index check, never a panic).
+/// was built for `policy` (they are read as one [`crate::upstream::Routing`]), so the id is
+/// the table's; were it not, `default` (an index check, never a panic).
 pub(super) fn upstream_of(
     upstreams: &Upstreams,
     policy: &Policy,

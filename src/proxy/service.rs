@@ -54,13 +54,15 @@ where
 
     fn call(&mut self, req: Request<B>) -> ResponseFuture {
         let shared = Arc::clone(&self.shared);
-        let snapshot = shared.store.load();
+        // The policy and the upstream table built for it, read as one.
+        let snapshot = shared.upstreams.load();
         match &shared.records.log {
             None => self.admit(shared, snapshot, req),
             Some(log) => {
                 let (log, start) = (Arc::clone(log), Start::of(log, &req));
-                let answer = self.admit(Arc::clone(&shared), Arc::clone(&snapshot), req);
-                finish(shared, log, start, snapshot, answer)
+                let policy = Arc::clone(&snapshot.snapshot);
+                let answer = self.admit(Arc::clone(&shared), snapshot, req);
+                finish(shared, log, start, policy, answer)
             }
         }
     }
@@ -71,7 +73,7 @@ impl<S> Admission<S> {
     fn admit<B>(
         &mut self,
         shared: Arc<Shared>,
-        snapshot: Arc<crate::live::store::Snapshot>,
+        snapshot: Arc<crate::upstream::Routing>,
         mut req: Request<B>,
     ) -> ResponseFuture
     where
@@ -142,8 +144,8 @@ impl<S> Admission<S> {
             // through, still bounded in size and time. Its arrival is observed all the same
             // (the offered rate counts every request the upstream is offered).
             let route = reading.route.map(|(i, _)| i);
-            let upstream = upstream_of(&shared.upstreams, &snapshot.policy, route, stream);
-            let up = &shared.upstreams[upstream];
+            let upstream = upstream_of(&snapshot.upstreams, &snapshot.policy, route, stream);
+            let up = &snapshot.upstreams[upstream];
             up.pressure.arrive();
             shared.preview_unread(
                 &snapshot,

@@ -6,11 +6,10 @@ use http::Response;
 use super::Shared;
 use crate::admission::ShedReason;
 use crate::edge::rejection::{Body, Explanation, Rejection, retry_after};
-use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
-use crate::upstream::UpstreamId;
+use crate::upstream::{Routing, UpstreamId};
 
 /// Sheds a request for `reason`, decided outside [`crate::admission::decide`] (a capped
 /// class's wait ran out: [`ShedReason::Budget`]; the buffered bytes ran out:
@@ -22,7 +21,7 @@ use crate::upstream::UpstreamId;
 pub(super) fn shed_outside_decide(
     shared: &Shared,
     upstream: Option<UpstreamId>,
-    snapshot: &Snapshot,
+    snapshot: &Routing,
     stream: Option<StreamId>,
     reason: ShedReason,
 ) -> Response<Body> {
@@ -45,7 +44,7 @@ pub(super) fn shed_outside_decide(
         | ShedReason::Superseded
         | ShedReason::Pressure => {}
     }
-    let pressure = shared.upstreams[upstream.unwrap_or(UpstreamId::DEFAULT)]
+    let pressure = snapshot.upstreams[upstream.unwrap_or(UpstreamId::DEFAULT)]
         .pressure
         .pressure();
     let decision = crate::admission::Decision::shed_by(reason, policy, pressure);

@@ -1,7 +1,9 @@
 //! The upstreams: everything one upstream owns ([`Upstream`]: its client, pressure, class
 //! and freshness budgets, clock skew and load reports), the table of a proxy's upstreams
-//! ([`Upstreams`], by [`UpstreamId`]), and the stack's innermost service sending each
-//! request to the upstream chosen for it ([`Dispatch`], by its [`Target`]).
+//! ([`Upstreams`], by [`UpstreamId`]) read with the policy it was built for as one
+//! [`Routing`], rebuilt by name when a reload changes the upstreams ([`LiveUpstreams`]), and
+//! the stack's innermost service sending each request to the upstream chosen for it
+//! ([`Dispatch`], by its [`Target`]).
 //!
 //! And the client to one upstream ([`Proxy`]): the connection pool ([`pool`]), header
 //! hygiene (RFC 9110 section 7.6.1), forwarding headers, the upstream timeout, and the
@@ -12,6 +14,7 @@ mod classes;
 mod dispatch;
 mod freshness;
 mod headers;
+mod live;
 pub mod load_report;
 pub mod pool;
 mod set;
@@ -23,7 +26,8 @@ pub use classes::{ClassGuard, ClassLoad};
 pub use dispatch::{Dispatch, Target};
 pub use freshness::{FloorGuard, FreshnessBudget};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
-pub use set::{DEFAULT_UPSTREAM, UpstreamId, Upstreams};
+pub use live::{LiveUpstreams, UpstreamError};
+pub use set::{DEFAULT_UPSTREAM, Routing, UpstreamId, Upstreams};
 pub use settings::{ClientOptions, Defaults, Settings};
 pub use state::Upstream;
 

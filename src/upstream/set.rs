@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use super::state::Upstream;
+use crate::live::store::Snapshot;
 
 pub use crate::policy::{DEFAULT_UPSTREAM, UpstreamId};
 
@@ -64,5 +65,24 @@ impl std::ops::Index<UpstreamId> for Upstreams {
     /// there), so none is out of range.
     fn index(&self, id: UpstreamId) -> &Arc<Upstream> {
         &self.table[id.index()]
+    }
+}
+
+/// A policy snapshot and the upstream table built for it: what a request reads, once, as one
+/// pair, so the [`UpstreamId`]s the policy gives it index the table they were issued for
+/// (a reload that adds or removes an upstream renumbers them). Derefs to the snapshot.
+#[derive(Debug)]
+pub struct Routing {
+    /// The policy and its metric handles.
+    pub snapshot: Arc<Snapshot>,
+    /// Its upstreams, at its ids.
+    pub upstreams: Upstreams,
+}
+
+impl std::ops::Deref for Routing {
+    type Target = Snapshot;
+
+    fn deref(&self) -> &Snapshot {
+        &self.snapshot
     }
 }

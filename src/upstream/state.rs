@@ -76,6 +76,27 @@ impl Upstream {
         }
     }
 
+    /// This upstream reached anew, as `settings` say (a new URL or timeouts; the controller's
+    /// settings as its own, [`Settings::same_controller`]): a new client with a pool of its
+    /// own and a clock not yet sampled (the host may be another), and the same pressure,
+    /// budgets, account and series, so the requests in flight to the old client stay
+    /// counted where the new ones are.
+    pub fn reached_anew(&self, settings: Settings, client: &ClientOptions) -> Self {
+        Upstream {
+            name: Arc::clone(&self.name),
+            proxy: client.proxy(&settings),
+            pressure: Arc::clone(&self.pressure),
+            classes: Arc::clone(&self.classes),
+            freshness: Arc::clone(&self.freshness),
+            skew: ClockSkew::default(),
+            load_report: self.load_report.clone(),
+            metrics: self.metrics.clone(),
+            load_report_warned: AtomicBool::new(self.load_report_warned.load(Ordering::Relaxed)),
+            settings,
+            account: Arc::clone(&self.account),
+        }
+    }
+
     /// The load its budgets see now: its requests in flight per class, in all, and its
     /// capacity (no freshness floor: the decision of a device's fix sets its own).
     pub fn load(&self) -> Load {

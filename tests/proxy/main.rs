@@ -48,6 +48,7 @@ mod support;
 mod tls;
 mod tls_edges;
 mod upstream_records;
+mod upstream_reload;
 mod upstreams;
 
 use std::time::Duration;

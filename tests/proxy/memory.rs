@@ -314,8 +314,8 @@ impl TwoShares {
     }
 
     fn slow_id(&self) -> shedgate::proxy::Charge {
-        let slow = self.proxy.parts.upstreams.named("slow").unwrap();
-        shedgate::proxy::Charge::Upstream(slow.account.index())
+        let table = self.proxy.parts.upstreams.table();
+        shedgate::proxy::Charge::Upstream(table.named("slow").unwrap().account.index())
     }
 }
 
@@ -374,7 +374,7 @@ async fn one_upstream_alone_uses_the_whole_budget_and_an_unrouted_shed_counts_at
     assert_eq!(t.slow.count(), 10);
     assert_eq!(buffers.used_by(t.slow_id()), SMALL);
     assert_eq!(buffers.used(), SMALL);
-    let upstreams = &t.proxy.parts.upstreams;
+    let upstreams = t.proxy.parts.upstreams.table();
     let arrivals = |name: &str| upstreams.named(name).unwrap().pressure.arrivals();
     let (default_before, slow_before) = (arrivals("default"), arrivals("slow"));
     // Its stream would send it to `slow`, but that is known only once it is read.

@@ -1,7 +1,7 @@
 //! Named upstreams (`[upstreams.NAME]`, `upstream = "NAME"`): `shedgate check` accepts them
 //! and warns about one nothing names; each request goes to its route's or stream's upstream
 //! and is decided against that upstream's pressure; a reload moves routes and streams between
-//! upstreams and refuses to change the upstreams themselves.
+//! upstreams (`upstream_reload.rs` changes the upstreams themselves).
 
 use std::path::Path;
 
@@ -235,10 +235,10 @@ async fn a_pinned_upstream_sheds_only_what_goes_to_it() {
     assert!(body.contains("default, events, tracking"), "{body}");
 }
 
-/// A reload that moves a stream to another upstream sends its next request there; one that
-/// changes the upstreams themselves is refused and the live policy keeps routing.
+/// A reload that moves a stream to another upstream sends its next request there, and so
+/// does one that moves a route.
 #[tokio::test]
-async fn a_reload_moves_a_stream_between_upstreams_and_refuses_new_ones() {
+async fn a_reload_moves_a_stream_or_a_route_between_upstreams() {
     let t = three().await;
     assert_eq!(
         t.status("/ingest", "vehicle.position").await,
@@ -252,19 +252,23 @@ async fn a_reload_moves_a_stream_between_upstreams_and_refuses_new_ones() {
         StatusCode::OK
     );
     assert_eq!(t.counts(), (0, 1, 1));
-    // A new URL for `events`: refused, the live policy (and its routing) kept.
-    let live = admin_get(&t.proxy, "/policy").await.json()["version"].clone();
-    let changed = three_streams(&t.tracking.url(), "http://127.0.0.1:9", "events");
-    let a = t.reload(&changed).await;
-    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let body = String::from_utf8_lossy(&a.body).into_owned();
-    assert!(body.contains("takes a restart"), "{body}");
-    assert_eq!(admin_get(&t.proxy, "/policy").await.json()["version"], live);
+    // The `/events` route moved from `events` to `tracking`.
     assert_eq!(
-        t.status("/ingest", "vehicle.position").await,
+        t.status("/events", "vehicle.position").await,
         StatusCode::OK
     );
     assert_eq!(t.counts(), (0, 1, 2));
+    let route_moved = moved.replace(
+        "stream = \"vehicle.position\"\nupstream = \"events\"",
+        "stream = \"vehicle.position\"\nupstream = \"tracking\"",
+    );
+    assert_ne!(route_moved, moved);
+    assert_eq!(t.reload(&route_moved).await.status, StatusCode::OK);
+    assert_eq!(
+        t.status("/events", "vehicle.position").await,
+        StatusCode::OK
+    );
+    assert_eq!(t.counts(), (0, 2, 2));
 }
 
 /// `shedgate serve` starts on the worked example (its upstreams' names resolve only when a
