@@ -6,6 +6,9 @@
 //! did not reach it must have been answered non-2xx or with a connection error, so that the
 //! sender knows to retry.
 //!
+//! With upstream churn, the good reloads also add an upstream the events go to and remove it
+//! again, under load.
+//!
 //! One harness for two sizes: `tests/proxy` runs [`CI_REQUESTS`]; `cargo bench --bench
 //! faults` includes this file and runs at least a million (docs/benchmark-history.md).
 
@@ -37,6 +40,20 @@ const GOOD_POLICY: &str = "[streams.\"geofence.transition\"]\nsupersession = \"n
 /// Every other reload: not TOML at all.
 const BROKEN_POLICY: &str = "[streams.\"geofence.transition\"\nsupersession = ";
 
+/// With upstream churn ([`run`]'s `churn`), every other good reload: [`GOOD_POLICY`] with
+/// the events sent to an upstream named `second` at the same address (`url`), so the next
+/// good reload removes it while requests to it are in flight.
+fn second_upstream_policy(url: &str) -> String {
+    format!(
+        "{}[upstreams.second]\nurl = \"{url}\"\n",
+        GOOD_POLICY.replacen(
+            "supersession = \"never\"\n",
+            "supersession = \"never\"\nupstream = \"second\"\n",
+            1
+        )
+    )
+}
+
 /// What a run found.
 #[derive(Debug, Default)]
 pub(crate) struct Report {
@@ -60,6 +77,8 @@ pub(crate) struct Report {
     pub reloads: u64,
     /// Of [`Report::reloads`], broken files.
     pub broken_reloads: u64,
+    /// Of [`Report::reloads`], ones that added or removed an upstream (upstream churn).
+    pub upstream_changes: u64,
     /// In-flight requests at the last shedgate after the run: must be 0.
     pub inflight_after: u32,
     /// Panics on the harness's threads: must be 0.
@@ -74,7 +93,8 @@ impl std::fmt::Display for Report {
             f,
             "{} requests in {:.1} s: {} acknowledged, {} not ({} delivered); acknowledged and \
              not delivered: {}. Faults: {} upstream kills, {} mid-response resets, {} shedgate \
-             restarts, {} policy reloads ({} broken). In flight after: {}; panics: {}",
+             restarts, {} policy reloads ({} broken, {} adding or removing an upstream). In \
+             flight after: {}; panics: {}",
             self.requests,
             self.elapsed.as_secs_f64(),
             self.acked,
@@ -86,6 +106,7 @@ impl std::fmt::Display for Report {
             self.proxy_restarts,
             self.reloads,
             self.broken_reloads,
+            self.upstream_changes,
             self.inflight_after,
             self.panics
         )
@@ -312,8 +333,9 @@ async fn start_proxy(
 }
 
 /// Sends `requests` events with `workers` concurrent senders while the faults run; returns
-/// what it found.
-pub(crate) async fn run(requests: u64, workers: usize) -> Report {
+/// what it found. With `churn`, every other good reload adds an upstream the events go to
+/// (at the same address) and the next removes it, under load.
+pub(crate) async fn run(requests: u64, workers: usize, churn: bool) -> Report {
     let started = tokio::time::Instant::now();
     let policies = tempfile::tempdir().unwrap();
     let streams = policies.path().join("streams.toml");
@@ -393,14 +415,20 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 tick += 1;
                 let broken = tick.is_multiple_of(2);
+                // With churn, the good reloads take turns: `second` added, then removed.
+                let second = churn && tick % 4 == 1;
                 let text = if broken {
                     BROKEN_POLICY.to_owned()
+                } else if second {
+                    second_upstream_policy(&format!("http://{upstream_addr}"))
                 } else {
                     format!("{GOOD_POLICY}# reload {tick}\n")
                 };
                 std::fs::write(dir.join("streams.toml"), text).unwrap();
                 report.reloads += 1;
                 report.broken_reloads += u64::from(broken);
+                // With churn, each good reload adds `second` or removes it.
+                report.upstream_changes += u64::from(churn && !broken);
                 if tick.is_multiple_of(20) {
                     // A rolling restart of shedgate: SIGTERM's path, then a new process on
                     // the same port. A good policy file first, so that it can start.
@@ -467,7 +495,7 @@ pub(crate) async fn run(requests: u64, workers: usize) -> Report {
 /// panic, nothing left in flight.
 #[test]
 fn acknowledged_means_delivered_under_faults() {
-    let report = runtime().block_on(run(CI_REQUESTS, 16));
+    let report = runtime().block_on(run(CI_REQUESTS, 16, false));
     eprintln!("{report}");
     assert_eq!(report.acked_not_delivered, 0, "{report}");
     assert_eq!(report.panics, 0, "{report}");
@@ -477,5 +505,19 @@ fn acknowledged_means_delivered_under_faults() {
     assert!(report.resets >= 1, "{report}");
     assert!(report.broken_reloads >= 1, "{report}");
     // Faults cost acknowledgements (a dead upstream fails requests fast), not nearly all.
+    assert!(report.acked > report.requests / 4, "{report}");
+}
+
+/// The CI size with upstream churn: every other good reload adds an upstream the events go
+/// to, the next removes it while requests to it are in flight; still every acknowledged
+/// event delivered.
+#[test]
+fn acknowledged_means_delivered_while_reloads_add_and_remove_an_upstream() {
+    let report = runtime().block_on(run(CI_REQUESTS, 16, true));
+    eprintln!("{report}");
+    assert_eq!(report.acked_not_delivered, 0, "{report}");
+    assert_eq!(report.panics, 0, "{report}");
+    assert_eq!(report.inflight_after, 0, "{report}");
+    assert!(report.upstream_changes >= 2, "{report}");
     assert!(report.acked > report.requests / 4, "{report}");
 }

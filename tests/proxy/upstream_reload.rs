@@ -3,7 +3,8 @@
 //! connections close and its series go; a new URL sends new requests to the new address
 //! while the old pool drains, the pressure carried over; an unchanged upstream keeps its
 //! pressure and pin; a reload whose upstream would loop to the proxy's own address is
-//! refused and changes nothing.
+//! refused and changes nothing; and an upstream removed under a steady stream of requests
+//! loses none that was acknowledged.
 
 use std::time::Duration;
 
@@ -320,4 +321,90 @@ async fn a_reload_looping_to_the_proxys_own_address_is_refused_and_changes_nothi
     );
     assert_eq!(send(never(&proxy, 0)).await.status, StatusCode::OK);
     assert_eq!((default.count(), tracking.count()), (0, 1));
+}
+
+/// Acknowledged ⇒ delivered while an upstream is removed under load: four senders post
+/// never-shed requests, each with its own id, to `tracking`; after a third of them have
+/// been answered a reload removes `tracking` (its stream falls back to `default`). Every
+/// request is answered 2xx (none reset, none lost), and each id answered reached an
+/// upstream: the removed one or `default`, and both took some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_an_upstream_under_load_loses_no_acknowledged_request() {
+    const REQUESTS: u64 = 300;
+    const SENDERS: u64 = 4;
+    let default = MockUpstream::start().await;
+    let tracking = MockUpstream::with(Behaviour {
+        delay: Duration::from_millis(5),
+        ..Behaviour::default()
+    })
+    .await;
+    let policy = PolicyDir::new(&with_tracking(&tracking.url(), "", ""), Some(BERLIN_AREA));
+    let proxy = std::sync::Arc::new(spawn_proxy(&default.url(), policy.path()).await);
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut senders = tokio::task::JoinSet::new();
+    for s in 0..SENDERS {
+        let (proxy, answered) = (
+            std::sync::Arc::clone(&proxy),
+            std::sync::Arc::clone(&answered),
+        );
+        senders.spawn(async move {
+            let c = client();
+            let mut acknowledged = Vec::new();
+            for id in (s..REQUESTS).step_by(usize::try_from(SENDERS).unwrap()) {
+                let response = c.request(never(&proxy, id)).await;
+                let response = response.unwrap_or_else(|e| panic!("request {id} failed: {e}"));
+                let status = response.status();
+                let body = http_body_util::BodyExt::collect(response.into_body())
+                    .await
+                    .unwrap_or_else(|e| panic!("answer {id} cut: {e}"));
+                assert!(status.is_success(), "request {id}: {status}");
+                assert_eq!(body.to_bytes(), Bytes::from_static(b"{\"ok\":true}"));
+                acknowledged.push(id);
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            acknowledged
+        });
+    }
+    settle("a third of the requests answered", || {
+        answered.load(std::sync::atomic::Ordering::SeqCst) >= REQUESTS / 3
+    })
+    .await;
+    let a = reload(&proxy, &policy, SEED_STREAMS).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    let mut acknowledged = Vec::new();
+    while let Some(done) = senders.join_next().await {
+        acknowledged.extend(done.unwrap());
+    }
+    acknowledged.sort_unstable();
+    assert_eq!(
+        acknowledged,
+        (0..REQUESTS).collect::<Vec<_>>(),
+        "every request answered 2xx"
+    );
+    let ids = |upstream: &MockUpstream| -> Vec<u64> {
+        upstream
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| !r.is_clock_probe())
+            .map(|r| {
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                v["id"].as_u64().unwrap()
+            })
+            .collect()
+    };
+    let (at_tracking, at_default) = (ids(&tracking), ids(&default));
+    assert!(
+        !at_tracking.is_empty() && !at_default.is_empty(),
+        "the removal came mid-run: {} at tracking, {} at default",
+        at_tracking.len(),
+        at_default.len()
+    );
+    let mut delivered: Vec<u64> = at_tracking.iter().chain(&at_default).copied().collect();
+    delivered.sort_unstable();
+    assert_eq!(
+        delivered, acknowledged,
+        "each acknowledged id delivered, once"
+    );
 }
