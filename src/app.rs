@@ -137,6 +137,7 @@ fn build_upstreams(
         url: config.upstream.clone(),
         timeout: config.upstream_timeout,
         connect_timeout: config.connect_timeout,
+        pool: config.pool,
         controller: config.controller,
         load_report: config.load_report.clone(),
         listen,

@@ -74,6 +74,14 @@ pub struct ServeArgs {
     /// Time to connect to the upstream [default: 2s].
     #[arg(long, value_name = "DURATION")]
     pub connect_timeout: Option<HumanDuration>,
+    /// Time an idle upstream connection may be reused; keep it below the upstream's own
+    /// keep-alive timeout (Node.js: 5s) [default: 4s].
+    #[arg(long, value_name = "DURATION")]
+    pub pool_idle_timeout: Option<HumanDuration>,
+    /// Idle connections kept per upstream (as nginx's `keepalive N`); past it the least
+    /// recently used one is closed, and 0 closes each after its answer [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub pool_max_idle: Option<usize>,
     /// Time a client has to finish a request head once it has started [default: 10s].
     #[arg(long, value_name = "DURATION")]
     pub header_read_timeout: Option<HumanDuration>,
@@ -233,6 +241,9 @@ pub struct Config {
     pub upstream_timeout: Duration,
     /// Upstream connect timeout (positive).
     pub connect_timeout: Duration,
+    /// Idle upstream connections kept per upstream, and for how long
+    /// (`--pool-max-idle`, `--pool-idle-timeout`).
+    pub pool: crate::upstream::pool::Limits,
     /// Client header read timeout, from a head's first byte (positive).
     pub header_read_timeout: Duration,
     /// Client idle timeout between requests (positive, not below the header read timeout).
@@ -432,6 +443,15 @@ impl Config {
             max_buffered_bytes,
             upstream_timeout,
             connect_timeout: duration(args.connect_timeout, Duration::from_secs(2)),
+            pool: crate::upstream::pool::Limits {
+                idle_timeout: duration(
+                    args.pool_idle_timeout,
+                    crate::upstream::pool::POOL_IDLE_TIMEOUT,
+                ),
+                max_idle: args
+                    .pool_max_idle
+                    .unwrap_or(crate::upstream::pool::POOL_MAX_IDLE),
+            },
             header_read_timeout,
             idle_timeout,
             body_read_timeout: duration(args.body_read_timeout, Duration::from_secs(30)),

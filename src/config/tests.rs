@@ -63,6 +63,12 @@ fn defaults() {
     assert_eq!(c.admin_listen, "127.0.0.1:9901".parse().unwrap());
     assert_eq!(c.max_body, 1024 * 1024);
     assert_eq!(c.stream_header, "x-stream");
+    // The pool as it was before its limits were settings: 4 s idle, and a cap (1024) no
+    // traffic short of a thousand-request burst reaches.
+    assert_eq!(
+        (c.pool.idle_timeout, c.pool.max_idle),
+        (Duration::from_secs(4), 1024)
+    );
 }
 
 /// `--upstream` is checked by the rule `url` in `[upstreams.NAME]` is
@@ -162,6 +168,8 @@ stream-header = "X-Topic"
 max-body = 4096
 upstream-timeout = "3s"
 connect-timeout = "1s"
+pool-idle-timeout = "2s"
+pool-max-idle = 8
 header-read-timeout = "4s"
 body-read-timeout = "5s"
 max-inflight = 12
@@ -180,6 +188,10 @@ host-header = "upstream"
     assert_eq!(c.max_body, 4096);
     assert_eq!(c.upstream_timeout, Duration::from_secs(3));
     assert_eq!(c.connect_timeout, Duration::from_secs(1));
+    assert_eq!(
+        (c.pool.idle_timeout, c.pool.max_idle),
+        (Duration::from_secs(2), 8)
+    );
     assert_eq!(c.header_read_timeout, Duration::from_secs(4));
     assert_eq!(c.body_read_timeout, Duration::from_secs(5));
     assert_eq!(

@@ -54,6 +54,10 @@ pub struct UpstreamSection {
     pub timeout: Option<toml::Spanned<DurationValue>>,
     /// Time to connect to it (`--connect-timeout`).
     pub connect_timeout: Option<DurationValue>,
+    /// Time an idle connection to it may be reused (`--pool-idle-timeout`).
+    pub pool_idle_timeout: Option<DurationValue>,
+    /// Idle connections to it kept (`--pool-max-idle`).
+    pub pool_max_idle: Option<u32>,
     /// The ORCA metric read as its utilisation (`--load-report`). Spanned, as `url`.
     pub load_report: Option<toml::Spanned<String>>,
 }

@@ -65,6 +65,10 @@ pub struct UpstreamSpec {
     pub timeout: Option<Duration>,
     /// Time to connect to the upstream (`--connect-timeout`).
     pub connect_timeout: Option<Duration>,
+    /// Time an idle connection to it may be reused (`--pool-idle-timeout`).
+    pub pool_idle_timeout: Option<Duration>,
+    /// Idle connections to it kept; 0 keeps none (`--pool-max-idle`).
+    pub pool_max_idle: Option<usize>,
     /// The ORCA metric read as its utilisation (`--load-report`).
     pub load_report: Option<LoadReportField>,
 }
@@ -78,6 +82,8 @@ impl UpstreamSpec {
             max_inflight: None,
             timeout: None,
             connect_timeout: None,
+            pool_idle_timeout: None,
+            pool_max_idle: None,
             load_report: None,
         }
     }
@@ -260,6 +266,10 @@ impl<'a> UpstreamTable<'a> {
                 max_inflight,
                 timeout: section.timeout.map(|v| v.into_inner().0),
                 connect_timeout: section.connect_timeout.map(|v| v.0),
+                pool_idle_timeout: section.pool_idle_timeout.map(|v| v.0),
+                pool_max_idle: section
+                    .pool_max_idle
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                 load_report,
             });
         }

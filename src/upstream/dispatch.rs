@@ -94,6 +94,7 @@ mod tests {
             url: format!("http://{addr}").parse().unwrap(),
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            pool: crate::upstream::pool::Limits::default(),
             controller: ControllerConfig {
                 max_inflight: None,
                 latency_target: Duration::from_millis(50),

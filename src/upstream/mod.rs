@@ -211,6 +211,14 @@ impl Proxy {
         }
     }
 
+    /// Keeps idle connections to the upstream as `limits` says (`--pool-idle-timeout`,
+    /// `--pool-max-idle`), instead of [`pool::Limits::default`].
+    #[must_use]
+    pub fn with_pool_limits(mut self, limits: pool::Limits) -> Self {
+        self.pool = self.pool.with_limits(limits);
+        self
+    }
+
     /// Counts the upstream sockets against the process's descriptors, and, when a connect
     /// finds them exhausted, closes idle client connections and tries once more
     /// (`edge::descriptors`).

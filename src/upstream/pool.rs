@@ -1,5 +1,7 @@
 //! The upstream connection pool: HTTP/1.1 connections from hyper's `client::conn::http1`, one
-//! spawned task each, kept idle in a last-in-first-out stack for [`POOL_IDLE_TIMEOUT`].
+//! spawned task each, kept idle in a last-in-first-out stack for the pool's idle timeout
+//! ([`POOL_IDLE_TIMEOUT`] by default), at most its cap of them ([`POOL_MAX_IDLE`] by default;
+//! past it the least recently used idle connection is closed, as nginx's `keepalive N` does).
 //!
 //! shedgate talks to one upstream, so the pool is one stack behind one lock: no pool key and
 //! no hash of scheme and authority per request. A connection goes back on the stack when its
@@ -35,8 +37,19 @@ use crate::edge::descriptors::Descriptors;
 
 /// Idle pooled connections are not used after this, below common upstream keep-alive timeouts
 /// (nginx 75 s, Node.js 5 s is the outlier), so the pool rarely races an upstream closing an
-/// idle connection (hyper issue 2136); a reaper closes them within twice this.
+/// idle connection (hyper issue 2136); a reaper closes them within twice this. The default of
+/// `--pool-idle-timeout` (and `pool_idle_timeout` in `[upstreams.NAME]`); Envoy's default
+/// idle timeout is an hour and hyper-util's legacy client's 90 s, both above Node.js's 5 s
+/// keep-alive, which is why this one is lower.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Idle connections kept per upstream by default (`--pool-max-idle`, `pool_max_idle` in
+/// `[upstreams.NAME]`): generous, so that it shapes nothing short of a burst past a thousand
+/// concurrent requests, as no cap did before it. nginx's `keepalive N` has no default (its
+/// docs' examples keep 16 to 32), HAProxy's `pool-max-conn` defaults to unlimited, and Envoy
+/// caps a cluster's connections, busy and idle, at 1024 by default (its circuit breakers'
+/// `max_connections`): idle past that is idle no peer keeps.
+pub const POOL_MAX_IDLE: usize = 1024;
 
 /// Why a request could not be sent, or its answer not received.
 #[derive(Debug, thiserror::Error)]
@@ -59,16 +72,38 @@ pub enum SendError {
     UnsolicitedUpgrade,
 }
 
+/// How many idle connections a pool keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// An idle connection is not reused after this ([`POOL_IDLE_TIMEOUT`] by default).
+    pub idle_timeout: Duration,
+    /// Most idle connections kept ([`POOL_MAX_IDLE`] by default); 0 keeps none, so each
+    /// connection closes after its answer.
+    pub max_idle: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            idle_timeout: POOL_IDLE_TIMEOUT,
+            max_idle: POOL_MAX_IDLE,
+        }
+    }
+}
+
 struct Idle {
     sender: SendRequest<ForwardBody>,
     since: Instant,
 }
 
-#[derive(Default)]
 struct Stack {
     idle: Mutex<Vec<Idle>>,
     /// Whether the task that closes expired idle connections runs.
     reaper: std::sync::atomic::AtomicBool,
+    /// How long an idle connection may be reused.
+    idle_timeout: Duration,
+    /// Most idle connections kept; past it the least recently used one is closed.
+    max_idle: usize,
 }
 
 /// Connections to one upstream. Cheap to clone (one reference count); clones share the idle
@@ -107,8 +142,9 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// A pool of connections to `host:port` (a name is resolved for every new connection),
     /// each made within `connect_timeout`, with `TCP_NODELAY`, writing header names as
-    /// `case` says.
+    /// `case` says; idle connections kept as [`Limits::default`] says.
     pub fn new(host: &str, port: u16, connect_timeout: Duration, case: super::HeaderCase) -> Self {
+        let limits = Limits::default();
         let mut builder = Builder::new();
         match case {
             // A request's own names come from the case map hyper's server recorded; names
@@ -122,7 +158,12 @@ impl Pool {
             super::HeaderCase::Lower => {}
         }
         Pool(Arc::new(Shared {
-            stack: Arc::default(),
+            stack: Arc::new(Stack {
+                idle: Mutex::default(),
+                reaper: std::sync::atomic::AtomicBool::new(false),
+                idle_timeout: limits.idle_timeout,
+                max_idle: limits.max_idle,
+            }),
             host: host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
@@ -131,6 +172,25 @@ impl Pool {
             connect_timeout,
             builder,
             descriptors: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// A pool as this one, keeping idle connections as `limits` says: its own connections
+    /// (none of this one's), the same address, connect timeout, header case and descriptors.
+    #[must_use]
+    pub fn with_limits(&self, limits: Limits) -> Self {
+        Pool(Arc::new(Shared {
+            stack: Arc::new(Stack {
+                idle: Mutex::default(),
+                reaper: std::sync::atomic::AtomicBool::new(false),
+                idle_timeout: limits.idle_timeout,
+                max_idle: limits.max_idle,
+            }),
+            host: self.host.clone(),
+            port: self.port,
+            connect_timeout: self.connect_timeout,
+            builder: self.builder.clone(),
+            descriptors: self.descriptors.clone(),
         }))
     }
 
@@ -185,7 +245,7 @@ impl Pool {
                 let mut stack = self.stack.idle.lock().ok()?;
                 stack.pop()?
             };
-            if idle.since.elapsed() >= POOL_IDLE_TIMEOUT || idle.sender.is_closed() {
+            if idle.since.elapsed() >= self.stack.idle_timeout || idle.sender.is_closed() {
                 continue;
             }
             let mut sender = idle.sender;
@@ -257,20 +317,20 @@ impl Pool {
         Ok(sender)
     }
 
-    /// Starts, once, the task that closes idle connections past [`POOL_IDLE_TIMEOUT`] when
-    /// no request comes to find them; it ends with the pool.
+    /// Starts, once, the task that closes idle connections past the idle timeout when no
+    /// request comes to find them; it ends with the pool.
     fn start_reaper(&self) {
         use std::sync::atomic::Ordering;
         if self.stack.reaper.swap(true, Ordering::Relaxed) {
             return;
         }
-        let stack = Arc::downgrade(&self.stack);
+        let (stack, every) = (Arc::downgrade(&self.stack), self.stack.idle_timeout);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(POOL_IDLE_TIMEOUT).await;
+                tokio::time::sleep(every).await;
                 let Some(stack) = stack.upgrade() else { return };
                 if let Ok(mut idle) = stack.idle.lock() {
-                    idle.retain(|c| c.since.elapsed() < POOL_IDLE_TIMEOUT && !c.sender.is_closed());
+                    idle.retain(|c| c.since.elapsed() < every && !c.sender.is_closed());
                 }
             }
         });
@@ -309,10 +369,16 @@ impl PooledBody {
     }
 }
 
+/// Puts `sender` on top of the stack; past the stack's cap, the least recently used idle
+/// connection (the bottom one) is closed, or this one when the cap is 0.
 fn push(stack: &Weak<Stack>, sender: SendRequest<ForwardBody>) {
     if let Some(stack) = stack.upgrade()
+        && stack.max_idle > 0
         && let Ok(mut idle) = stack.idle.lock()
     {
+        if idle.len() >= stack.max_idle {
+            idle.remove(0);
+        }
         idle.push(Idle {
             sender,
             since: Instant::now(),

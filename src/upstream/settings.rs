@@ -10,6 +10,7 @@ use std::time::Duration;
 use http::Uri;
 use ipnet::IpNet;
 
+use super::pool::Limits;
 use super::{HeaderCase, HostHeader};
 use crate::edge::descriptors::Descriptors;
 use crate::policy::UpstreamSpec;
@@ -25,6 +26,9 @@ pub struct Settings {
     pub timeout: Duration,
     /// Time to connect to it (`connect_timeout`, `--connect-timeout`).
     pub connect_timeout: Duration,
+    /// Its idle connections kept, and for how long (`pool_max_idle`, `pool_idle_timeout`,
+    /// `--pool-max-idle`, `--pool-idle-timeout`).
+    pub pool: Limits,
     /// Its controller's settings: latency target and in-flight cap (`latency_target`,
     /// `max_inflight`, `--latency-target`, `--max-inflight`).
     pub controller: ControllerConfig,
@@ -36,7 +40,8 @@ pub struct Settings {
 impl Settings {
     /// Whether an upstream of `self` can become one of `new` keeping its controller (its
     /// pressure, what it learned, its pin) and its budgets: they differ at most in where and
-    /// how it is reached (the URL and timeouts), which a new client takes care of.
+    /// how it is reached (the URL, timeouts and pool limits), which a new client takes care
+    /// of.
     pub fn same_controller(&self, new: &Settings) -> bool {
         self.controller == new.controller && self.load_report == new.load_report
     }
@@ -52,6 +57,8 @@ pub struct Defaults {
     pub timeout: Duration,
     /// `--connect-timeout`.
     pub connect_timeout: Duration,
+    /// `--pool-idle-timeout`, `--pool-max-idle`.
+    pub pool: Limits,
     /// `--latency-target`, `--max-inflight` and the controller's tuning.
     pub controller: ControllerConfig,
     /// `--load-report`.
@@ -96,6 +103,10 @@ impl Defaults {
             url,
             timeout,
             connect_timeout: spec.connect_timeout.unwrap_or(self.connect_timeout),
+            pool: Limits {
+                idle_timeout: spec.pool_idle_timeout.unwrap_or(self.pool.idle_timeout),
+                max_idle: spec.pool_max_idle.unwrap_or(self.pool.max_idle),
+            },
             controller,
             load_report: spec
                 .load_report
@@ -132,7 +143,8 @@ impl ClientOptions {
             self.host,
             &self.trusted,
             self.case,
-        );
+        )
+        .with_pool_limits(settings.pool);
         match &self.descriptors {
             Some(d) => proxy.with_descriptors(Arc::clone(d)),
             None => proxy,

@@ -1,7 +1,9 @@
 //! The upstream connection pool (`upstream::pool`, docs/responses.md "Proxying"): one
 //! connection carries request after request; idle past the pool's idle timeout it is closed
-//! and the next request opens a new one; a pooled connection the upstream closed is not used
-//! for a request; an HTTP/1.0 request without `Host` reaches the upstream with one.
+//! and the next request opens a new one; `--pool-idle-timeout`, `--pool-max-idle` and an
+//! upstream's own `pool_idle_timeout` and `pool_max_idle` bound the idle connections kept;
+//! a pooled connection the upstream closed is not used for a request; an HTTP/1.0 request
+//! without `Host` reaches the upstream with one.
 
 use std::time::Duration;
 
@@ -44,6 +46,104 @@ async fn an_idle_upstream_connection_is_closed_after_the_pool_idle_timeout() {
     let a = post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await;
     assert_eq!(a.status, 200);
     assert_eq!(up.connections(), (2, 1));
+}
+
+/// Waits until `done` holds, failing after 10 s (a bound against a hang, not a measure).
+async fn within(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `--pool-idle-timeout`: an idle connection past it is not reused (the default, 4 s, would
+/// reuse it after the 1.5 s waited here), and the reaper closes it.
+#[tokio::test]
+async fn an_idle_connection_past_pool_idle_timeout_is_not_reused() {
+    let (up, _policy, proxy) = seeded_with(Behaviour::default(), |a| {
+        a.pool_idle_timeout = Some(Duration::from_secs(1).into());
+    })
+    .await;
+    let a = post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(up.connections(), (1, 1));
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    tokio::time::resume();
+    let a = post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        up.connections().0,
+        2,
+        "the expired connection was not reused"
+    );
+    within("the expired connection closed", || {
+        up.connections() == (2, 1)
+    })
+    .await;
+}
+
+/// `--pool-max-idle`: three requests at once take three connections; once they have ended
+/// one is kept idle and the least recently used two are closed; the next request reuses the
+/// one kept.
+#[tokio::test]
+async fn the_pool_keeps_at_most_pool_max_idle_connections() {
+    let slow = Behaviour {
+        delay: Duration::from_millis(200),
+        ..Behaviour::default()
+    };
+    let (up, _policy, proxy) = seeded_with(slow, |a| a.pool_max_idle = Some(1)).await;
+    let proxy = std::sync::Arc::new(proxy);
+    let at_once: Vec<_> = (0..3)
+        .map(|_| {
+            let proxy = std::sync::Arc::clone(&proxy);
+            tokio::spawn(async move {
+                post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await
+            })
+        })
+        .collect();
+    for a in at_once {
+        assert_eq!(a.await.unwrap().status, 200);
+    }
+    assert_eq!(up.connections().0, 3);
+    within("two of three closed", || up.connections() == (3, 1)).await;
+    let a = post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(up.connections(), (3, 1), "the kept connection reused");
+}
+
+/// An upstream's own `pool_max_idle = 0` closes each of its connections after its answer,
+/// while `default` (the flags' 1024) keeps its connection.
+#[tokio::test]
+async fn an_upstreams_table_sets_its_own_pool_limits() {
+    let (default, tracking) = (MockUpstream::start().await, MockUpstream::start().await);
+    let streams = format!(
+        "{}\n[upstreams.tracking]\nurl = \"{}\"\npool_max_idle = 0\n",
+        SEED_STREAMS.replace(
+            "[streams.\"geofence.transition\"]\n",
+            "[streams.\"geofence.transition\"]\nupstream = \"tracking\"\n",
+        ),
+        tracking.url()
+    );
+    let policy = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let proxy = spawn_proxy(&default.url(), policy.path()).await;
+    for _ in 0..2 {
+        let a = post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await;
+        assert_eq!(a.status, 200);
+        let a = post(&proxy, "dlq.replay", "{}").await;
+        assert_eq!(a.status, 200);
+    }
+    assert_eq!((default.count(), tracking.count()), (2, 2));
+    within("tracking's connections closed", || {
+        tracking.connections() == (2, 0)
+    })
+    .await;
+    assert_eq!(
+        default.connections(),
+        (1, 1),
+        "default's connection kept and reused"
+    );
 }
 
 /// A pooled connection the upstream closed while it was idle is not given a request: the

@@ -28,6 +28,8 @@ load_report = "named_metrics.queue"
 [upstreams.events]
 url = "http://events.internal:8080"
 connect_timeout = "500ms"
+pool_idle_timeout = "1s"
+pool_max_idle = 0
 
 [streams."vehicle.position"]
 supersession = "self-superseding"
@@ -87,6 +89,15 @@ fn upstreams_compile_with_default_first_and_overrides_kept() {
     let events = p.upstream_spec(p.upstream("events").unwrap());
     assert_eq!(events.connect_timeout, Some(Duration::from_millis(500)));
     assert_eq!(events.timeout, None);
+    assert_eq!(
+        (events.pool_idle_timeout, events.pool_max_idle),
+        (Some(Duration::from_secs(1)), Some(0)),
+        "0 is a cap: none kept"
+    );
+    assert_eq!(
+        (tracking.pool_idle_timeout, tracking.pool_max_idle),
+        (None, None)
+    );
     assert!(c.warnings.iter().all(|w| !w.message.contains("upstream")));
     // The first table in name order is where the files first name an upstream.
     let at = p.upstreams_named_at().unwrap();
@@ -237,6 +248,18 @@ fn upstream_settings_are_checked_where_they_are_written() {
         3,
         "upstreams.a.connect_timeout",
         "duration must be positive",
+    );
+    assert_error(
+        "[upstreams.a]\nurl = \"http://a:1\"\npool_idle_timeout = \"0s\"\n",
+        3,
+        "upstreams.a.pool_idle_timeout",
+        "duration must be positive",
+    );
+    assert_error(
+        "[upstreams.a]\nurl = \"http://a:1\"\npool_max_idle = -1\n",
+        3,
+        "upstreams.a.pool_max_idle",
+        "invalid value",
     );
 }
 
