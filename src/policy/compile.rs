@@ -246,6 +246,13 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
         &mut warnings,
     )?;
     let upstreams = upstreams.finish(&mut warnings);
+    super::upstreams::warn_body_streams_across_upstreams(
+        &streams,
+        &routes,
+        &upstreams.specs,
+        streams_path,
+        &mut warnings,
+    );
     super::opaque::check_opaque(
         &streams,
         &stream_index,

@@ -336,6 +336,51 @@ impl<'a> UpstreamTable<'a> {
     }
 }
 
+/// Warns about each route that reads its stream from the body (a `stream_field`, a format
+/// reading it) and names no upstream, while the streams it may read go to different
+/// upstreams (an unknown one goes to `default`): its bodies are read before their upstream is
+/// known, on the memory of the account no upstream owns (docs/operations.md "The proxy's own
+/// memory"); the fix is `upstream` on the route. A mode's candidate streams are its map's
+/// values and every stream whose name has its prefix.
+pub(super) fn warn_body_streams_across_upstreams(
+    streams: &[super::StreamPolicy],
+    routes: &[super::Route],
+    specs: &[UpstreamSpec],
+    path: &Path,
+    warnings: &mut Vec<Warning>,
+) {
+    for route in routes.iter().filter(|r| r.upstream.is_none()) {
+        let mut bound = std::collections::BTreeSet::from([UpstreamId::DEFAULT]);
+        for (_, mode) in &route.modes {
+            let super::StreamSource::Field { map, prefix } = &mode.stream else {
+                continue;
+            };
+            let candidates = streams.iter().filter(|s| {
+                s.name.starts_with(prefix.as_str()) || map.values().any(|v| *v == s.name)
+            });
+            bound.extend(candidates.map(|s| s.upstream.unwrap_or(UpstreamId::DEFAULT)));
+        }
+        if bound.len() > 1 {
+            let names: Vec<&str> = bound
+                .iter()
+                .filter_map(|id| specs.get(id.index()))
+                .map(|s| s.name.as_str())
+                .collect();
+            warnings.push(Warning {
+                file: path.to_owned(),
+                message: format!(
+                    "route {:?} reads its stream from the body and names no upstream, while the \
+                     streams it may read go to different upstreams ({}): each body is read \
+                     before its upstream is known, on buffered-bytes memory no upstream's share \
+                     holds; set `upstream` on the route",
+                    route.prefix,
+                    names.join(", ")
+                ),
+            });
+        }
+    }
+}
+
 impl Policy {
     /// The upstreams, in id order: `default` (`--upstream`) first, then the
     /// `[upstreams.NAME]` tables in name order.

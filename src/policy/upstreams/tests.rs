@@ -317,3 +317,59 @@ fn an_upstream_nothing_names_is_warned_about() {
     );
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
 }
+
+/// A route that reads its stream from the body and names no upstream, while the streams it
+/// may read go to different upstreams, is warned about (its bodies are read before their
+/// upstream is known); one whose candidates all go to one upstream, or that names its own
+/// upstream, or that reads its stream from a header, is not.
+#[test]
+fn a_body_stream_route_across_upstreams_is_warned_about() {
+    const BASE: &str = r#"
+[upstreams.tracking]
+url = "http://tracking:1"
+
+[streams."fleet.position"]
+supersession = "self-superseding"
+upstream = "tracking"
+
+[streams."fleet.fence"]
+supersession = "never"
+
+[streams."other.reading"]
+supersession = "self-superseding"
+"#;
+    let warned = |routes: &str| -> Vec<String> {
+        compile_str(&format!("{BASE}{routes}"))
+            .unwrap()
+            .warnings
+            .into_iter()
+            .map(|w| w.message)
+            .filter(|m| m.contains("reads its stream from the body"))
+            .collect()
+    };
+    let w = warned("[[routes]]\nprefix = \"/mixed\"\nstream_field = \"/kind\"\n");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("route \"/mixed\"")
+            && w[0].contains("(default, tracking)")
+            && w[0].contains("set `upstream` on the route"),
+        "{w:?}"
+    );
+    // Through a map too: the map's values are what the field may name.
+    let w = warned(
+        "[[routes]]\nprefix = \"/mapped\"\nstream_field = \"/kind\"\nstream_prefix = \"x.\"\n\
+         stream_map = { pos = \"fleet.position\" }\n",
+    );
+    assert_eq!(w.len(), 1, "{w:?}");
+    // Named on the route: its upstream is known before the body.
+    assert!(
+        warned(
+            "[[routes]]\nprefix = \"/fleet\"\nstream_field = \"/kind\"\nupstream = \"tracking\"\n"
+        )
+        .is_empty()
+    );
+    // Every stream it may read goes to `default` (unknown ones too).
+    assert!(warned("[[routes]]\nprefix = \"/other\"\nstream_field = \"/kind\"\nstream_prefix = \"other.\"\n").is_empty());
+    // A header names the stream before the body.
+    assert!(warned("[[routes]]\nprefix = \"/h\"\nstream_header = \"x-kind\"\n").is_empty());
+}
