@@ -168,7 +168,7 @@ impl LiveUpstreams {
                             None,
                             "every account of the buffered bytes is held, by upstreams that \
                              earlier reloads removed and that still have requests in flight: \
-                             reload again once those have ended"
+                             once those have ended, reload again (POST /reload or SIGHUP)"
                                 .into(),
                         )
                     })?;

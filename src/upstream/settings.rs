@@ -151,3 +151,81 @@ impl ClientOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Defaults {
+        Defaults {
+            url: "http://127.0.0.1:3000".parse().unwrap(),
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            pool: Limits::default(),
+            controller: ControllerConfig {
+                max_inflight: None,
+                latency_target: Duration::from_millis(100),
+                tuning: &crate::pressure::Tuning::DEFAULT,
+            },
+            load_report: None,
+            listen: "0.0.0.0:8080".parse().unwrap(),
+        }
+    }
+
+    fn spec(url: &str) -> UpstreamSpec {
+        UpstreamSpec {
+            name: "tracking".into(),
+            url: Some(url.parse().unwrap()),
+            latency_target: None,
+            max_inflight: None,
+            timeout: None,
+            connect_timeout: None,
+            pool_idle_timeout: None,
+            pool_max_idle: None,
+            load_report: None,
+        }
+    }
+
+    /// What a table leaves out is the command line's; what it gives wins.
+    #[test]
+    fn a_tables_values_win_over_the_flags() {
+        let d = defaults();
+        let s = d.settings(&spec("http://tracking:8080")).unwrap();
+        assert_eq!(s.url, "http://tracking:8080");
+        assert_eq!(
+            (s.timeout, s.connect_timeout),
+            (d.timeout, d.connect_timeout)
+        );
+        assert_eq!(s.controller, d.controller);
+        let mut own = spec("http://tracking:8080");
+        own.latency_target = Some(Duration::from_millis(40));
+        own.pool_max_idle = Some(0);
+        let s = d.settings(&own).unwrap();
+        assert_eq!(s.controller.latency_target, Duration::from_millis(40));
+        assert_eq!(
+            (s.pool.max_idle, s.pool.idle_timeout),
+            (0, d.pool.idle_timeout)
+        );
+        // A new target is a new controller; new pool limits or a new URL are not.
+        let base = d.settings(&spec("http://tracking:8080")).unwrap();
+        assert!(!base.same_controller(&s));
+        let mut moved = spec("http://elsewhere:8080");
+        moved.pool_max_idle = Some(0);
+        assert!(base.same_controller(&d.settings(&moved).unwrap()));
+    }
+
+    /// The proxy's own address (its port on an unspecified `--listen`) loops; a target not
+    /// below the timeout, merged, is refused: each names its key.
+    #[test]
+    fn a_loop_and_a_target_past_the_timeout_are_refused_with_their_key() {
+        let d = defaults();
+        let (key, message) = d.settings(&spec("http://127.0.0.1:8080")).unwrap_err();
+        assert_eq!(key, "url");
+        assert!(message.contains("own --listen address"), "{message}");
+        let mut slow = spec("http://tracking:8080");
+        slow.timeout = Some(Duration::from_millis(100));
+        let (key, message) = d.settings(&slow).unwrap_err();
+        assert_eq!(key, "latency_target");
+        assert!(message.contains("not below its timeout"), "{message}");
+    }
+}
