@@ -35,8 +35,11 @@ fi
 
 venv=target/tls-check
 if ! "$venv/bin/python" -c 'import requests, cloudevents.core, standardwebhooks' >/dev/null 2>&1; then
-  python3 -c 'import venv' 2>/dev/null || skip "python3 has no venv module"
-  python3 -m venv "$venv" || skip "the venv $venv could not be made"
+  # Debian's python3 makes venvs only with its python3-venv package (ensurepip).
+  if ! python3 -m venv --clear "$venv" >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv) >/dev/null 2>&1 || true
+    python3 -m venv --clear "$venv" || skip "the venv $venv could not be made (Debian: python3-venv)"
+  fi
   "$venv/bin/pip" install --quiet 'requests==2.34.2' 'cloudevents==2.2.0' 'standardwebhooks==1.3.0' ||
     skip "requests, cloudevents or standardwebhooks could not be installed from PyPI"
 fi

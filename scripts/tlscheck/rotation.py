@@ -131,8 +131,8 @@ def rotation(stack, checks):
     print(f"  rotation: {len(written)} good pairs written in {took:.0f} s; reloads swapped {swapped:.0f}, "
           f"refused {refused:.0f}; {len(acknowledged)} requests acknowledged, {len(failures)} failed, "
           f"{sum(refused_answers.values())} non-2xx; {len(serials)} observer handshakes saw {len(seen)} serials", flush=True)
-    checks.check("rotation: acknowledged => delivered (every 2xx reached the upstream, by id)",
-                 acknowledged and not lost, f"{len(acknowledged)} acknowledged, {len(lost)} not delivered "
+    checks.check("rotation: acknowledged => delivered once (every 2xx reached the upstream once, by id)",
+                 acknowledged and not lost and not duplicated, f"{len(acknowledged)} acknowledged, {len(lost)} not delivered "
                  f"{lost[:5]}, {len(duplicated)} delivered twice")
     checks.check("rotation: no request failed and no non-2xx answer", not failures and not refused_answers,
                  f"{len(failures)} failures {failures[:3]}, non-2xx {dict(refused_answers)}")
