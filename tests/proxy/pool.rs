@@ -86,14 +86,17 @@ async fn an_idle_connection_past_pool_idle_timeout_is_not_reused() {
 
 /// `--pool-max-idle`: three requests at once take three connections; once they have ended
 /// one is kept idle and the least recently used two are closed; the next request reuses the
-/// one kept.
+/// one kept. The upstream holds the three until all three have reached it, so they are at
+/// once however slowly the machine runs them (one after another, they would share one
+/// connection).
 #[tokio::test]
 async fn the_pool_keeps_at_most_pool_max_idle_connections() {
-    let slow = Behaviour {
-        delay: Duration::from_millis(200),
+    let hold = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Behaviour {
+        hold: Some(std::sync::Arc::clone(&hold)),
         ..Behaviour::default()
     };
-    let (up, _policy, proxy) = seeded_with(slow, |a| a.pool_max_idle = Some(1)).await;
+    let (up, _policy, proxy) = seeded_with(held, |a| a.pool_max_idle = Some(1)).await;
     let proxy = std::sync::Arc::new(proxy);
     let at_once: Vec<_> = (0..3)
         .map(|_| {
@@ -103,11 +106,14 @@ async fn the_pool_keeps_at_most_pool_max_idle_connections() {
             })
         })
         .collect();
+    within("three requests held at the upstream", || up.count() == 3).await;
+    assert_eq!(up.connections(), (3, 3), "one connection per request held");
+    hold.add_permits(3);
     for a in at_once {
         assert_eq!(a.await.unwrap().status, 200);
     }
-    assert_eq!(up.connections().0, 3);
     within("two of three closed", || up.connections() == (3, 1)).await;
+    hold.add_permits(1);
     let a = post(&proxy, "geofence.transition", event((52.52, 13.40), 0)).await;
     assert_eq!(a.status, 200);
     assert_eq!(up.connections(), (3, 1), "the kept connection reused");

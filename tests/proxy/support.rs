@@ -82,6 +82,11 @@ pub struct Behaviour {
     pub clock: Option<Arc<std::sync::atomic::AtomicI64>>,
     /// An ORCA `endpoint-load-metrics` header sent with every answer.
     pub load_report: Option<&'static str>,
+    /// Holds each request (clock probes aside), once recorded, until it takes a permit of
+    /// this semaphore (then `delay` runs): a test that starts with none holds requests at
+    /// the upstream for as long as it needs, and lets them go with `add_permits`, without
+    /// racing a timer. `None`: no hold.
+    pub hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Default for Behaviour {
@@ -92,6 +97,7 @@ impl Default for Behaviour {
             body_delay: Duration::ZERO,
             clock: None,
             load_report: None,
+            hold: None,
         }
     }
 }
@@ -164,6 +170,7 @@ impl MockUpstream {
                                 .await
                                 .map(|c| c.to_bytes())
                                 .unwrap_or_default();
+                            let probe = parts.method == Method::OPTIONS && parts.uri == "*";
                             record.lock().unwrap().push(Recorded {
                                 method: parts.method,
                                 version: parts.version,
@@ -171,6 +178,9 @@ impl MockUpstream {
                                 headers: parts.headers,
                                 body,
                             });
+                            if let (Some(hold), false) = (&behaviour.hold, probe) {
+                                hold.acquire().await.unwrap().forget();
+                            }
                             tokio::time::sleep(behaviour.delay).await;
                             let mut r = Response::new(DelayedBody {
                                 sleep: Box::pin(tokio::time::sleep(behaviour.body_delay)),
