@@ -1,8 +1,8 @@
 //! The gauge: the shared, lock-free front the request path reads and feeds, ticked by one
 //! task.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -33,7 +33,9 @@ const UNPINNED: u64 = f64::NAN.to_bits();
 #[derive(Debug)]
 pub struct PressureGauge {
     controller: Mutex<Controller>,
-    inflight: AtomicU32,
+    /// Requests in flight: shared with the gauge this one succeeds, if any
+    /// ([`PressureGauge::succeeding`]), and with each request's [`InflightGuard`].
+    inflight: Arc<AtomicU32>,
     /// Packed [`LatencyWindow`] (see [`LATENCY_SUM_BITS`]) of every sample: its count is
     /// what decisions between two ticks read.
     latency: AtomicU64,
@@ -74,7 +76,7 @@ impl PressureGauge {
         let output = controller.output();
         PressureGauge {
             controller: Mutex::new(controller),
-            inflight: AtomicU32::new(0),
+            inflight: Arc::new(AtomicU32::new(0)),
             latency: AtomicU64::new(0),
             by_slot: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             observed: AtomicU64::new(0),
@@ -83,6 +85,18 @@ impl PressureGauge {
             output: ArcSwap::from_pointee(output),
             capacity: AtomicU32::new(output.capacity()),
             pinned: AtomicU64::new(UNPINNED),
+        }
+    }
+
+    /// A gauge of `config` at rest, as [`PressureGauge::new`], that counts the requests in
+    /// flight `old` counts: the two share one count, so a request started under `old`
+    /// stays counted here, where its in-flight cap and class budgets read it, and ends on
+    /// it. Nothing else of `old` is taken (what it learned, its pin, its samples since its
+    /// last tick). For a reload that gives an upstream a new controller.
+    pub fn succeeding(config: ControllerConfig, old: &PressureGauge) -> Self {
+        PressureGauge {
+            inflight: Arc::clone(&old.inflight),
+            ..PressureGauge::new(config)
         }
     }
 
@@ -153,10 +167,10 @@ impl PressureGauge {
     }
 
     /// Counts a request as in flight until the returned guard drops.
-    pub fn start(self: &std::sync::Arc<Self>) -> InflightGuard {
+    pub fn start(&self) -> InflightGuard {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         InflightGuard {
-            gauge: std::sync::Arc::clone(self),
+            inflight: Arc::clone(&self.inflight),
         }
     }
 
@@ -219,7 +233,7 @@ impl PressureGauge {
         self.ticked_arrivals.fetch_add(seen, Ordering::Relaxed);
         let observed = InflightWindow { count: seen, sum };
         let out = c.update_slots(now, inflight, observed, &windows, reports);
-        self.output.store(std::sync::Arc::new(out));
+        self.output.store(Arc::new(out));
         self.capacity.store(out.capacity(), Ordering::Relaxed);
         out.pressure(inflight)
     }
@@ -237,14 +251,52 @@ impl PressureGauge {
     }
 }
 
-/// One in-flight request; dropping it ends it.
+/// One in-flight request; dropping it ends it (on the count it started on, which the gauges
+/// that succeed its own share).
 #[derive(Debug)]
 pub struct InflightGuard {
-    gauge: std::sync::Arc<PressureGauge>,
+    inflight: Arc<AtomicU32>,
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.gauge.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    fn config(target_ms: u64) -> ControllerConfig {
+        ControllerConfig {
+            max_inflight: NonZeroU32::new(2),
+            latency_target: Duration::from_millis(target_ms),
+            tuning: &super::super::Tuning::DEFAULT,
+        }
+    }
+
+    /// A successor counts the requests in flight under the gauge it succeeds, at its cap as
+    /// they are; each request ends once, on the one count, whichever gauge it started on.
+    #[test]
+    fn a_successor_counts_the_requests_in_flight_under_the_old_gauge() {
+        let old = PressureGauge::new(config(100));
+        let held = [old.start(), old.start()];
+        let at_cap = old.pressure();
+        let new = PressureGauge::succeeding(config(80), &old);
+        assert_eq!((new.inflight(), new.capacity()), (2, 2));
+        assert_eq!(new.pressure(), at_cap, "the cap's term sees both");
+        let third = new.start();
+        assert_eq!((old.inflight(), new.inflight()), (3, 3));
+        drop(held);
+        assert_eq!(new.inflight(), 1);
+        drop(third);
+        assert_eq!((old.inflight(), new.inflight()), (0, 0));
+        assert!(
+            !new.is_pinned() && new.arrivals() == 0,
+            "nothing else carried"
+        );
     }
 }

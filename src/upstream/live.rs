@@ -11,8 +11,11 @@
 //! - one with a new URL or timeouts is reached anew ([`Upstream::reached_anew`]): a new pool
 //!   for new requests, the same controller and budgets, so the requests still in flight on
 //!   the old pool stay counted where the new ones are;
-//! - one with a new latency target, in-flight cap or load report gets a new controller and
-//!   budgets, cold as at start (its account of buffered bytes is kept);
+//! - one with a new latency target, in-flight cap or load report gets a new controller,
+//!   cold as at start ([`Upstream::controlled_anew`]), that counts the requests in flight
+//!   under the old one: the in-flight count, the class and freshness budgets and the
+//!   account of buffered bytes carry over, so the cap and the budgets bind across the
+//!   change;
 //! - an added one is built cold, as at start; a removed one is left out.
 //!
 //! Nothing is taken from a request in flight: each holds the [`Routing`] it started with,
@@ -154,13 +157,7 @@ impl LiveUpstreams {
                 }
                 Some(up) => {
                     changes.push(Change::Cold(up.name.clone(), up.pressure.is_pinned()));
-                    Arc::new(Upstream::build(
-                        &spec.name,
-                        settings,
-                        &self.client,
-                        Arc::clone(&up.account),
-                        &self.metrics,
-                    ))
+                    Arc::new(up.controlled_anew(settings, &self.client))
                 }
                 None => {
                     let account = self.accounts.take().ok_or_else(|| {

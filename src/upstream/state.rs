@@ -97,6 +97,33 @@ impl Upstream {
         }
     }
 
+    /// This upstream with a new controller, as `settings` say (a new latency target,
+    /// in-flight cap or load report; the URL and timeouts may be new too): the controller
+    /// cold, as at start (nothing learned, no pin), a new client, its clock not yet sampled;
+    /// but the counts of its load carry over, since they describe the upstream, not the
+    /// controller: the new gauge shares the old one's in-flight count
+    /// ([`PressureGauge::succeeding`]) and the class and freshness budgets are the same, so
+    /// the requests in flight under the old controller still take their places under the
+    /// cap and the budgets, and free them when they end. Its account and series are kept.
+    pub fn controlled_anew(&self, settings: Settings, client: &ClientOptions) -> Self {
+        Upstream {
+            name: Arc::clone(&self.name),
+            proxy: client.proxy(&settings),
+            pressure: Arc::new(PressureGauge::succeeding(
+                settings.controller,
+                &self.pressure,
+            )),
+            classes: Arc::clone(&self.classes),
+            freshness: Arc::clone(&self.freshness),
+            skew: ClockSkew::default(),
+            load_report: settings.load_report.clone(),
+            metrics: self.metrics.clone(),
+            load_report_warned: AtomicBool::new(false),
+            settings,
+            account: Arc::clone(&self.account),
+        }
+    }
+
     /// The load its budgets see now: its requests in flight per class, in all, and its
     /// capacity (no freshness floor: the decision of a device's fix sets its own).
     pub fn load(&self) -> Load {

@@ -2,9 +2,10 @@
 //! starts cold; a removed one's requests in flight each end with their answer, then its
 //! connections close and its series go; a new URL sends new requests to the new address
 //! while the old pool drains, the pressure carried over; an unchanged upstream keeps its
-//! pressure and pin; a reload whose upstream would loop to the proxy's own address is
-//! refused and changes nothing; and an upstream removed under a steady stream of requests
-//! loses none that was acknowledged.
+//! pressure and pin; a new latency target's controller counts the requests in flight under
+//! the old one against its cap and budgets; a reload whose upstream would loop to the
+//! proxy's own address is refused and changes nothing; and an upstream removed under a
+//! steady stream of requests loses none that was acknowledged.
 
 use std::time::Duration;
 
@@ -290,6 +291,83 @@ async fn an_unchanged_upstream_keeps_its_pressure_and_a_new_target_starts_cold()
     );
     assert_eq!(send(never(&proxy, 0)).await.status, StatusCode::OK);
     assert_eq!((default.count(), tracking.count()), (0, 1));
+}
+
+/// A new latency target gives `tracking` a new controller, but the requests still in flight
+/// under the old one stay counted by the new one: its in-flight cap (2, both taken by held
+/// requests) and its class budgets (best-effort's half of it, taken) still bind, so a third
+/// best-effort request is shed for the budget, not sent on; once the held ones have ended
+/// the count falls back to 0 (each counted once) and the next request is admitted.
+#[tokio::test]
+async fn a_new_controller_keeps_counting_the_requests_in_flight_under_the_old_one() {
+    let default = MockUpstream::start().await;
+    let hold = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let tracking = MockUpstream::with(Behaviour {
+        hold: Some(std::sync::Arc::clone(&hold)),
+        ..Behaviour::default()
+    })
+    .await;
+    let capped = |target: &str| {
+        with_tracking(
+            &tracking.url(),
+            &format!("max_inflight = 2\nlatency_target = \"{target}\"\n"),
+            "[classes.best-effort]\nbudget = 0.5\n",
+        )
+        .replace(
+            "[streams.\"vehicle.position\"]\n",
+            "[streams.\"vehicle.position\"]\nclass = \"best-effort\"\n",
+        )
+    };
+    let streams = capped("100ms");
+    assert!(streams.contains("class = \"best-effort\""), "{streams}");
+    let policy = PolicyDir::new(&streams, Some(BERLIN_AREA));
+    let proxy = std::sync::Arc::new(spawn_proxy(&default.url(), policy.path()).await);
+    // Pressure pinned at 0 on each controller: only the budgets shed here.
+    pin_upstream(&proxy, "tracking", 0.0).await;
+    let held: Vec<_> = ["vehicle.position", "geofence.transition"]
+        .into_iter()
+        .map(|stream| {
+            let proxy = std::sync::Arc::clone(&proxy);
+            tokio::spawn(async move { post(&proxy, stream, event(MUNICH, 0)).await })
+        })
+        .collect();
+    seen(&tracking, 2).await;
+    let a = reload(&proxy, &policy, &capped("80ms")).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    pin_upstream(&proxy, "tracking", 0.0).await;
+    let p = pressure_of(&proxy, "tracking").await.json();
+    assert_eq!(
+        (
+            p["inflight"].as_u64(),
+            p["controller"]["latency_target_ms"].as_f64()
+        ),
+        (Some(2), Some(80.0)),
+        "the new controller counts the two in flight: {p}"
+    );
+    let third = tokio::select! {
+        a = post(&proxy, "vehicle.position", event(MUNICH, 0)) => a,
+        () = seen(&tracking, 3) => panic!("a third request went to an upstream capped at 2"),
+    };
+    assert_eq!(
+        third.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        third.body
+    );
+    assert_eq!(third.header("x-shed-reason"), Some("budget"));
+    hold.add_permits(2);
+    for a in held {
+        assert_eq!(a.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(
+        pressure_of(&proxy, "tracking").await.json()["inflight"],
+        0,
+        "each request counted once, and ended"
+    );
+    hold.add_permits(1);
+    let next = post(&proxy, "vehicle.position", event(MUNICH, 0)).await;
+    assert_eq!(next.status, StatusCode::OK, "{:?}", next.body);
+    assert_eq!((default.count(), tracking.count()), (0, 3));
 }
 
 /// A reload whose upstream's URL is the proxy's own address would send requests round in a
