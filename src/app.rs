@@ -414,8 +414,10 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
     let mut upkeep = 0u32;
-    // Each upstream's seconds spent shedding, by name (its series', which a reload that
-    // keeps the name continues).
+    // Each upstream's seconds spent shedding not yet counted (under one), by name, so a
+    // reload that builds it anew under its name continues them. Only the live table's names
+    // are kept; one that a reload removes loses less than a second, and its counter goes on
+    // from its count when the name comes back (the counter is incremented, never set).
     let mut shedding: std::collections::HashMap<Arc<str>, f64> = std::collections::HashMap::new();
     // The devices past their floor, counted a tenth of the table each second.
     let (mut floor_part, mut past_floor) = (0usize, 0u64);
@@ -478,7 +480,7 @@ async fn tick(parts: Parts, mut shutdown: watch::Receiver<bool>) {
 
 /// Ticks `up`'s pressure at `now`, `since` the last tick, and exports what follows from it:
 /// its pressure as decisions see it, its in-flight count, the rank cut-off, and the seconds
-/// it has spent shedding (accumulated in `shedding`).
+/// it has spent shedding (counted whole, the rest kept in `shedding`).
 fn tick_upstream(
     parts: &Parts,
     up: &Upstream,
@@ -502,11 +504,15 @@ fn tick_upstream(
     m.inflight.set(f64::from(up.pressure.inflight()));
     m.rank_cutoff.set(Curve::threshold(p));
     if p > Pressure::SHED_FLOOR {
-        // Counters hold integers: accumulate exactly, export whole seconds.
+        // Counters hold integers: accumulate exactly, count whole seconds as they pass.
         *shedding += since.as_secs_f64();
-        #[expect(clippy::cast_possible_truncation, reason = "whole seconds, >= 0")]
-        #[expect(clippy::cast_sign_loss, reason = "whole seconds, >= 0")]
-        m.shedding_seconds.absolute(shedding.floor() as u64);
+        let whole = shedding.floor();
+        if whole >= 1.0 {
+            *shedding -= whole;
+            #[expect(clippy::cast_possible_truncation, reason = "whole seconds, >= 1")]
+            #[expect(clippy::cast_sign_loss, reason = "whole seconds, >= 1")]
+            m.shedding_seconds.increment(whole as u64);
+        }
     }
 }
 

@@ -370,6 +370,63 @@ async fn a_new_controller_keeps_counting_the_requests_in_flight_under_the_old_on
     assert_eq!((default.count(), tracking.count()), (0, 3));
 }
 
+/// `shedgate_shedding_seconds_total` of an upstream a reload removes and a later one adds back
+/// under its name continues from its count: once it sheds again its count rises with the
+/// seconds it sheds, measured against `default` shedding over the same ticks, not only once
+/// the new seconds pass the old count.
+#[tokio::test]
+async fn an_upstream_that_comes_back_continues_its_shedding_seconds() {
+    let (default, tracking) = (MockUpstream::start().await, MockUpstream::start().await);
+    let added = with_tracking(&tracking.url(), "", "");
+    let policy = PolicyDir::new(&added, Some(BERLIN_AREA));
+    let proxy = spawn_proxy(&default.url(), policy.path()).await;
+    let shed = |text: &str, upstream: &str| {
+        metric(
+            text,
+            "shedgate_shedding_seconds_total",
+            &[("upstream", upstream)],
+        )
+    };
+    // `default` sheds throughout: its count says how many seconds of ticks have passed.
+    pin_upstream(&proxy, "default", 0.9).await;
+    let past_default = |seconds: f64| {
+        let proxy = &proxy;
+        async move {
+            let deadline = tokio::time::Instant::now() + SETTLE;
+            while shed(&scrape(proxy).await, "default") < seconds {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "default never shed {seconds} s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    pin_upstream(&proxy, "tracking", 0.9).await;
+    past_default(shed(&scrape(&proxy).await, "default") + 2.0).await;
+    // Stopped, then read once a second of ticks has passed: its count no longer moves.
+    pin_upstream(&proxy, "tracking", 0.0).await;
+    past_default(shed(&scrape(&proxy).await, "default") + 1.0).await;
+    let before = shed(&scrape(&proxy).await, "tracking");
+    assert!(before >= 2.0, "{before}");
+    let a = reload(&proxy, &policy, SEED_STREAMS).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    // Ticks without it, so the tick forgets whatever it kept of it.
+    past_default(shed(&scrape(&proxy).await, "default") + 1.0).await;
+    let a = reload(&proxy, &policy, &added).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    pin_upstream(&proxy, "tracking", 0.9).await;
+    past_default(shed(&scrape(&proxy).await, "default") + 2.0).await;
+    // At least one whole second shed since it came back (pinned before `default` moved on
+    // by two), at most about two: without continuing, the count would still read `before`.
+    let after = shed(&scrape(&proxy).await, "tracking");
+    assert!(
+        after >= before + 1.0,
+        "shedding seconds of tracking: {before} before its removal, {after} after a second \
+         and more of shedding since it came back"
+    );
+}
+
 /// A reload whose upstream's URL is the proxy's own address would send requests round in a
 /// loop: refused as a broken policy is, with the file and field, and nothing changes: the
 /// live version, the routing, the pin.
