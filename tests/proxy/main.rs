@@ -47,6 +47,7 @@ mod stream_costs;
 mod support;
 mod tls;
 mod tls_edges;
+mod upstream_accounts;
 mod upstream_records;
 mod upstream_reload;
 mod upstreams;
