@@ -32,9 +32,7 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_rustls::server::TlsStream;
 use tower::{Service, ServiceExt};
 
 use super::Shared;
@@ -65,13 +63,13 @@ pub(super) fn builder(limits: &Http2Limits, max_head: usize) -> http2::Builder<T
     builder
 }
 
-/// One HTTP/2 client connection, from the end of its TLS handshake to close: served until
-/// the client closes it, or closed gracefully (see the module) at the idle timeout with no
-/// stream open, when told to close to free a descriptor with no stream open, at the lame
-/// duck and at the drain. While no stream is open it is queued as reusable
+/// One HTTP/2 client connection (`stream`: the TLS stream, or a pipe in tests), from the end
+/// of its TLS handshake to close: served until the client closes it, or closed gracefully
+/// (see the module) at the idle timeout with no stream open, when told to close to free a
+/// descriptor with no stream open, at the lame duck and at the drain. While no stream is open it is queued as reusable
 /// ([`PARK_AFTER`] after its last stream ended, as a parked HTTP/1 connection is).
-pub(super) async fn connection<S, B>(
-    stream: TlsStream<TcpStream>,
+pub(super) async fn connection<S, B, I>(
+    stream: I,
     peer: SocketAddr,
     shared: Arc<Shared<S>>,
     shard: u8,
@@ -87,6 +85,7 @@ pub(super) async fn connection<S, B>(
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Some(builder) = &shared.http2 else {
         return;
