@@ -278,8 +278,10 @@ async fn an_upper_case_field_name_is_a_protocol_error() {
 }
 
 /// `--h2-max-concurrent-streams` is advertised in the proxy's SETTINGS (with `--max-head` as
-/// the header list size) and enforced: a stream past it is refused with `REFUSED_STREAM`,
-/// the open ones finish, and the connection takes new streams once they have.
+/// the header list size, and the flow-control windows that bound the request bytes a client
+/// can make the proxy hold unread: 64 KiB a stream, 256 KiB the connection) and enforced: a
+/// stream past it is refused with `REFUSED_STREAM`, the open ones finish, and the connection
+/// takes new streams once they have.
 #[tokio::test]
 async fn the_stream_limit_is_advertised_and_enforced() {
     let (ca, _dir, upstream, _policy, proxy) = h2_proxy(|a| {
@@ -287,12 +289,19 @@ async fn the_stream_limit_is_advertised_and_enforced() {
     })
     .await;
     let mut raw = Raw::open(proxy.proxy_addr, &ca).await;
-    let settings = raw
+    let seen = raw
         .until(|f| f.kind == SETTINGS && f.flags & ACK == 0)
         .await;
-    let settings = settings.last().unwrap();
+    let settings = seen.last().unwrap();
     assert_eq!(settings.setting(MAX_CONCURRENT_STREAMS), Some(2));
     assert_eq!(settings.setting(MAX_HEADER_LIST_SIZE), Some(32 * 1024));
+    assert_eq!(settings.setting(INITIAL_WINDOW_SIZE), Some(64 * 1024));
+    // The connection's window opened from the protocol's 65,535 to 256 KiB (RFC 9113
+    // section 6.9.2: SETTINGS cannot change it).
+    let seen = raw
+        .until(|f| f.kind == WINDOW_UPDATE && f.stream == 0)
+        .await;
+    assert_eq!(seen.last().unwrap().word(0), 256 * 1024 - 65_535);
     let open = request(
         "POST",
         "/ingest",

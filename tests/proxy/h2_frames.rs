@@ -17,12 +17,15 @@ pub(crate) const RST_STREAM: u8 = 0x3;
 pub(crate) const SETTINGS: u8 = 0x4;
 pub(crate) const PING: u8 = 0x6;
 pub(crate) const GOAWAY: u8 = 0x7;
+pub(crate) const WINDOW_UPDATE: u8 = 0x8;
 /// `END_STREAM` on DATA and HEADERS; `ACK` on SETTINGS and PING.
 pub(crate) const END_STREAM: u8 = 0x1;
 pub(crate) const ACK: u8 = 0x1;
 pub(crate) const END_HEADERS: u8 = 0x4;
 /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 section 6.5.2).
 pub(crate) const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+/// `SETTINGS_INITIAL_WINDOW_SIZE`.
+pub(crate) const INITIAL_WINDOW_SIZE: u16 = 0x4;
 /// `SETTINGS_MAX_HEADER_LIST_SIZE`.
 pub(crate) const MAX_HEADER_LIST_SIZE: u16 = 0x6;
 /// Error codes (RFC 9113 section 7).

@@ -48,14 +48,27 @@ use crate::metrics::{CloseReason, Metrics};
 /// client elsewhere in the edge (`edge::lifecycle::LINGER_IDLE`).
 pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
-/// hyper's HTTP/2 server settings for the listener: `limits`, and `max_head` (`--max-head`,
+/// The flow-control window of each stream the client opens, bytes: request body the client
+/// may send before the proxy reads it, nginx's `http2_body_preread_size` (64 KiB). hyper's
+/// default is 1 MiB.
+pub const STREAM_WINDOW: u32 = 64 * 1024;
+/// The flow-control window of a whole connection, bytes: request body of all its streams the
+/// client may send before the proxy reads it, so the most a connection makes the proxy hold
+/// unread, outside `--max-buffered-bytes` (docs/operations.md "HTTP/2"). Four streams' worth;
+/// hyper's default is 1 MiB.
+pub const CONNECTION_WINDOW: u32 = 256 * 1024;
+
+/// hyper's HTTP/2 server settings for the listener: `limits`, `max_head` (`--max-head`,
 /// bytes) as `SETTINGS_MAX_HEADER_LIST_SIZE` (RFC 9113 section 6.5.2: each field's name and
-/// value plus 32 bytes), the bound HTTP/1 puts on a request head. No keep-alive `PING`s: an
-/// idle connection is closed at the idle timeout, as an HTTP/1 one is.
+/// value plus 32 bytes), the bound HTTP/1 puts on a request head, and the receive windows
+/// [`STREAM_WINDOW`] and [`CONNECTION_WINDOW`]. No keep-alive `PING`s: an idle connection is
+/// closed at the idle timeout, as an HTTP/1 one is.
 pub(super) fn builder(limits: &Http2Limits, max_head: usize) -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX))
         .max_pending_accept_reset_streams(limits.max_pending_resets)
