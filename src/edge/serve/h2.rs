@@ -114,7 +114,10 @@ pub(super) async fn connection<S, B, I>(
     };
     // Set once the first GOAWAY is sent: the timer is then the grace for its PING.
     let mut going_away = false;
-    let mut timer = std::pin::pin!(tokio::time::sleep(PARK_AFTER));
+    // How often a connection with a stream open looks again: never past the idle timeout
+    // after its last stream ends, even an idle timeout below the park's second.
+    let step = PARK_AFTER.min(shared.idle_timeout);
+    let mut timer = std::pin::pin!(tokio::time::sleep(step));
     loop {
         let goaway = tokio::select! {
             ended = conn.as_mut() => {
@@ -126,7 +129,7 @@ pub(super) async fn connection<S, B, I>(
             () = timer.as_mut() => {
                 let now = Instant::now();
                 if activity.in_flight() > 0 {
-                    timer.as_mut().reset(now + if going_away { GOAWAY_GRACE } else { PARK_AFTER });
+                    timer.as_mut().reset(now + if going_away { GOAWAY_GRACE } else { step });
                     continue;
                 }
                 if going_away {
@@ -253,6 +256,9 @@ fn closed_with_error(e: &hyper::Error, peer: SocketAddr, metrics: Option<&Metric
     }
     tracing::debug!(error = %e, %peer, "HTTP/2 client connection ended with an error");
 }
+
+#[cfg(test)]
+mod closes;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,186 @@
+//! When an HTTP/2 connection's graceful close begins and when a client that never
+//! acknowledges the `GOAWAY`'s `PING` is cut, with paused time, over an in-memory pipe: the
+//! connection's task as the listener runs it, a client of raw frames (RFC 9113 section 4).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::edge::descriptors::Descriptors;
+use crate::edge::keepalive::Activity;
+use crate::edge::serve::{LameDuck, Shared};
+use crate::edge::tls::Http2Limits;
+
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+
+/// The test service's answer: this long after the request, this many bytes in one chunk
+/// (more than the client's initial window of 65,535).
+const ANSWER_AFTER: Duration = Duration::from_millis(4900);
+const ANSWER_BYTES: usize = 100_000;
+
+async fn answer(_: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    tokio::time::sleep(ANSWER_AFTER).await;
+    Ok(Response::new(Full::new(Bytes::from(vec![
+        b'x';
+        ANSWER_BYTES
+    ]))))
+}
+
+type Answering = Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send>>;
+type Stack = tower::util::ServiceFn<fn(Request<Incoming>) -> Answering>;
+/// A connection's task.
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A listener's shared state with `--idle-timeout` `idle_timeout` and `descriptors`.
+fn shared(idle_timeout: Duration, descriptors: Arc<Descriptors>) -> Arc<Shared<Stack>> {
+    let answering: fn(Request<Incoming>) -> Answering = |req| Box::pin(answer(req));
+    let stack: Stack = tower::service_fn(answering);
+    Arc::new(Shared {
+        stack,
+        builder: hyper::server::conn::http1::Builder::new(),
+        idle_timeout,
+        header_read_timeout: Duration::from_secs(10),
+        lame_duck: LameDuck::default(),
+        metrics: None,
+        refusals: None,
+        descriptors,
+        tls: true,
+        http2: Some(super::builder(&Http2Limits::default(), 32 * 1024)),
+        draining: AtomicBool::new(false),
+        drain: std::array::from_fn(|_| Notify::new()),
+    })
+}
+
+fn unlimited() -> Arc<Descriptors> {
+    Arc::new(Descriptors::new(None, None))
+}
+
+/// One frame as read.
+#[derive(Debug)]
+#[expect(dead_code, reason = "read by the tests of later closes")]
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A client that sends the preface and never acknowledges a `PING`.
+struct Client {
+    io: DuplexStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// The connection's task on a new pipe, spawned (`serving` wraps it, as the listener's
+    /// descriptor count does), and the client's end with the preface sent.
+    async fn open<F: Future<Output = ()> + Send + 'static>(
+        shared: &Arc<Shared<Stack>>,
+        activity: &Arc<Activity>,
+        serving: impl FnOnce(Task) -> F,
+    ) -> Client {
+        let (server, io) = tokio::io::duplex(1 << 20);
+        let peer = "127.0.0.1:40000".parse().unwrap();
+        let task = super::connection(
+            server,
+            peer,
+            Arc::clone(shared),
+            0,
+            8192,
+            Arc::clone(activity),
+        );
+        tokio::spawn(serving(Box::pin(task)));
+        let mut client = Client {
+            io,
+            buf: Vec::new(),
+        };
+        let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        preface.extend(frame(SETTINGS, 0, 0, &[]));
+        client.write(&preface).await;
+        client
+    }
+
+    /// Writes `bytes`, ignoring a closed pipe (the test reads what the server did).
+    async fn write(&mut self, bytes: &[u8]) {
+        let _ = self.io.write_all(bytes).await;
+    }
+
+    /// The next frame, `None` once the server has closed the pipe.
+    async fn next(&mut self) -> Option<Frame> {
+        loop {
+            if self.buf.len() >= 9 {
+                let len = usize::from(self.buf[0]) << 16
+                    | usize::from(self.buf[1]) << 8
+                    | usize::from(self.buf[2]);
+                if self.buf.len() >= 9 + len {
+                    let head: Vec<u8> = self.buf.drain(..9).collect();
+                    return Some(Frame {
+                        kind: head[3],
+                        flags: head[4],
+                        stream: u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff,
+                        payload: self.buf.drain(..len).collect(),
+                    });
+                }
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            match self.io.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// Frames until one of `kind` (returned last); panics if the pipe closes first.
+    async fn until(&mut self, kind: u8) -> Vec<Frame> {
+        let mut seen = Vec::new();
+        loop {
+            let f = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("closed before frame type {kind}; saw {seen:?}"));
+            let done = f.kind == kind;
+            seen.push(f);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn plain(task: Task) -> Task {
+    task
+}
+
+/// `--idle-timeout` below [`super::PARK_AFTER`]: a connection with no stream is sent its
+/// `GOAWAY` at the idle timeout, not at the park's second.
+#[tokio::test(start_paused = true)]
+async fn an_idle_timeout_below_a_second_is_kept() {
+    let shared = shared(Duration::from_millis(500), unlimited());
+    let start = Instant::now();
+    let mut client = Client::open(&shared, &Arc::new(Activity::new()), plain).await;
+    client.until(GOAWAY).await;
+    let at = start.elapsed();
+    assert!(
+        at >= Duration::from_millis(500) && at < Duration::from_millis(510),
+        "GOAWAY at {at:?}"
+    );
+}
