@@ -351,8 +351,10 @@ async fn an_idle_http2_connection_is_closed_first_with_goaway_and_a_busy_one_is_
             key.as_os_str(),
         ],
     );
-    // The oldest: HTTP/2, no stream yet. Then one with a stream in flight (its body half sent).
+    // The oldest: HTTP/2, no stream yet, and one that will never acknowledge the GOAWAY's
+    // PING. Then one with a stream in flight (its body half sent).
     let mut quiet = Raw::open(proxy.proxy, &ca).await;
+    let mut mute = Raw::open(proxy.proxy, &ca).await;
     let mut busy = Raw::open(proxy.proxy, &ca).await;
     let body = event(BERLIN, 1);
     let length = body.len().to_string();
@@ -375,18 +377,36 @@ async fn an_idle_http2_connection_is_closed_first_with_goaway_and_a_busy_one_is_
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Each HTTP/2 client answers as it reads, meanwhile the flood: the quiet one acknowledges
+    // the GOAWAY's PING at once (the proxy waits half a second for it), the mute one never.
+    let quiet = tokio::spawn(async move {
+        let seen = quiet.until(|f| f.kind == GOAWAY).await;
+        assert_eq!(seen.last().unwrap().goaway(), (0x7fff_ffff, 0));
+        let ping = quiet
+            .until(|f| f.kind == PING && f.flags & ACK == 0)
+            .await
+            .pop()
+            .unwrap();
+        quiet.write(&frame(PING, ACK, 0, &ping.payload)).await;
+        let seen = quiet.until(|f| f.kind == GOAWAY).await;
+        assert_eq!(seen.last().unwrap().goaway(), (0, 0));
+        quiet.until_closed().await;
+    });
+    // How long after its GOAWAY the mute one is cut, and what it saw meanwhile.
+    let mute = tokio::spawn(async move {
+        mute.until(|f| f.kind == GOAWAY).await;
+        let goaway = tokio::time::Instant::now();
+        let seen = mute.until_closed().await;
+        (goaway.elapsed(), seen)
+    });
     let _flood = idle(proxy.proxy, 300).await;
-    let seen = quiet.until(|f| f.kind == GOAWAY).await;
-    assert_eq!(seen.last().unwrap().goaway(), (0x7fff_ffff, 0));
-    let ping = quiet
-        .until(|f| f.kind == PING && f.flags & ACK == 0)
-        .await
-        .pop()
-        .unwrap();
-    quiet.write(&frame(PING, ACK, 0, &ping.payload)).await;
-    let seen = quiet.until(|f| f.kind == GOAWAY).await;
-    assert_eq!(seen.last().unwrap().goaway(), (0, 0));
-    quiet.until_closed().await;
+    quiet.await.unwrap();
+    // The mute one is cut half a second after its GOAWAY, freeing its descriptor for the
+    // waiting accepts as an idle HTTP/1 connection would, not after the 5 s a draining
+    // connection's client has to acknowledge: a margin against that known interval.
+    let (cut, seen) = mute.await.unwrap();
+    assert!(seen.iter().any(|f| f.kind == PING), "{seen:?}");
+    assert!(cut < Duration::from_secs(4), "cut {cut:?} after its GOAWAY");
     // The busy one was kept: its stream finishes.
     busy.data(1, tail, true).await;
     let seen = busy.until(|f| f.kind == HEADERS && f.stream == 1).await;

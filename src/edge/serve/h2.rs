@@ -11,7 +11,9 @@
 //! sent before it saw the first `GOAWAY` has arrived), a second `GOAWAY` with the last stream
 //! id processed. Streams up to that id finish; later ones are ignored (RFC 9113 section 6.8),
 //! and the connection closes when its last stream ends. A client that never acknowledges the
-//! `PING` is closed [`GOAWAY_GRACE`] after the first `GOAWAY` once it has no stream open.
+//! `PING` is closed once it has no stream open, [`GOAWAY_GRACE`] after the first `GOAWAY` at
+//! the lame duck and the drain, [`PAUSE`] after it at the idle timeout and when told to close
+//! to free a descriptor.
 //!
 //! What the framing guard does for HTTP/1 has no object here: HTTP/2 frames carry their
 //! length, and the h2 crate refuses a `content-length` that disagrees with the `DATA` frames,
@@ -38,14 +40,18 @@ use tower::{Service, ServiceExt};
 use super::Shared;
 use crate::BoxError;
 use crate::edge::client::ClientInfo;
+use crate::edge::descriptors::PAUSE;
 use crate::edge::framing::HeaderLineTooLong;
 use crate::edge::keepalive::{Activity, Answer, PARK_AFTER, Pending};
 use crate::edge::tls::Http2Limits;
 use crate::metrics::{CloseReason, Metrics};
 
-/// How long a connection sent a graceful `GOAWAY` may take to acknowledge its `PING`, with no
-/// stream open, before it is closed: nginx's `lingering_timeout` (5 s), the wait for a quiet
-/// client elsewhere in the edge (`edge::lifecycle::LINGER_IDLE`).
+/// How long a connection sent a graceful `GOAWAY` at the lame duck or the drain may take to
+/// acknowledge its `PING`, with no stream open, before it is closed: nginx's
+/// `lingering_timeout` (5 s), the wait for a quiet client elsewhere in the edge
+/// (`edge::lifecycle::LINGER_IDLE`). One closed at the idle timeout or to free a descriptor
+/// gets [`PAUSE`] instead: an idle HTTP/1 connection is closed at once then, and the accepts
+/// waiting for a descriptor wait for this one (`edge::descriptors`).
 pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
 /// The flow-control window of each stream the client opens, bytes: request body the client
@@ -112,8 +118,9 @@ pub(super) async fn connection<S, B, I>(
             m.connection_closed(reason);
         }
     };
-    // Set once the first GOAWAY is sent: the timer is then the grace for its PING.
-    let mut going_away = false;
+    // Set once the first GOAWAY is sent, to the grace for its PING: the timer then cuts a
+    // client that has not acknowledged it, once no stream is open.
+    let mut going_away: Option<Duration> = None;
     // How often a connection with a stream open looks again: never past the idle timeout
     // after its last stream ends, even an idle timeout below the park's second.
     let step = PARK_AFTER.min(shared.idle_timeout);
@@ -129,10 +136,10 @@ pub(super) async fn connection<S, B, I>(
             () = timer.as_mut() => {
                 let now = Instant::now();
                 if activity.in_flight() > 0 {
-                    timer.as_mut().reset(now + if going_away { GOAWAY_GRACE } else { step });
+                    timer.as_mut().reset(now + going_away.unwrap_or(step));
                     continue;
                 }
-                if going_away {
+                if going_away.is_some() {
                     // The GOAWAY's PING unanswered, and nothing left to finish.
                     return;
                 }
@@ -141,38 +148,38 @@ pub(super) async fn connection<S, B, I>(
                     (idle_since + shared.idle_timeout, idle_since + PARK_AFTER);
                 if now >= idle_end {
                     count(CloseReason::IdleTimeout);
-                    true
+                    Some(PAUSE)
                 } else if now >= reusable_at {
                     if !activity.reuse.queued() {
                         shared.descriptors.reusable(&activity);
                     }
                     timer.as_mut().reset(idle_end);
-                    false
+                    None
                 } else {
                     timer.as_mut().reset(reusable_at.min(idle_end));
-                    false
+                    None
                 }
             }
-            () = shared.drained(shard), if !going_away => true,
-            () = shared.lame_duck.begun(), if !going_away => {
+            () = shared.drained(shard), if going_away.is_none() => Some(GOAWAY_GRACE),
+            () = shared.lame_duck.begun(), if going_away.is_none() => {
                 count(CloseReason::LameDuck);
-                true
+                Some(GOAWAY_GRACE)
             }
             // Told to close to free a descriptor: closed if no stream is open, kept if one is.
-            () = activity.reuse.evicted(), if !going_away => {
+            () = activity.reuse.evicted(), if going_away.is_none() => {
                 if activity.in_flight() == 0 {
                     count(CloseReason::Descriptors);
-                    true
+                    Some(PAUSE)
                 } else {
                     shared.descriptors.declined(&activity);
-                    false
+                    None
                 }
             }
         };
-        if goaway {
-            going_away = true;
+        if let Some(grace) = goaway {
+            going_away = Some(grace);
             conn.as_mut().graceful_shutdown();
-            timer.as_mut().reset(Instant::now() + GOAWAY_GRACE);
+            timer.as_mut().reset(Instant::now() + grace);
         }
     }
 }

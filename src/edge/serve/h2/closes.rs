@@ -16,12 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::edge::descriptors::Descriptors;
+use crate::edge::descriptors::{Descriptors, PAUSE};
 use crate::edge::keepalive::Activity;
 use crate::edge::serve::{LameDuck, Shared};
 use crate::edge::tls::Http2Limits;
 
 const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 
 /// The test service's answer: this long after the request, this many bytes in one chunk
@@ -164,6 +165,21 @@ impl Client {
             }
         }
     }
+
+    /// Every frame until the server closes the pipe.
+    async fn until_closed(&mut self) -> Vec<Frame> {
+        let mut seen = Vec::new();
+        while let Some(f) = self.next().await {
+            seen.push(f);
+        }
+        seen
+    }
+}
+
+/// Lets every task run until each waits (paused time advances only then): the preface read,
+/// the handshake done.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
 }
 
 fn plain(task: Task) -> Task {
@@ -183,4 +199,51 @@ async fn an_idle_timeout_below_a_second_is_kept() {
         at >= Duration::from_millis(500) && at < Duration::from_millis(510),
         "GOAWAY at {at:?}"
     );
+}
+
+/// At the idle timeout, a client that never acknowledges the `PING` is cut [`PAUSE`] after the
+/// `GOAWAY`, as an idle HTTP/1 connection is closed at once.
+#[tokio::test(start_paused = true)]
+async fn at_the_idle_timeout_a_client_that_ignores_the_ping_is_cut_after_the_pause() {
+    let shared = shared(Duration::from_secs(2), unlimited());
+    let mut client = Client::open(&shared, &Arc::new(Activity::new()), plain).await;
+    client.until(GOAWAY).await;
+    let goaway = Instant::now();
+    let rest = client.until_closed().await;
+    assert!(rest.iter().any(|f| f.kind == PING), "{rest:?}");
+    let cut = goaway.elapsed();
+    assert!(
+        cut >= PAUSE && cut < PAUSE + Duration::from_millis(10),
+        "cut after {cut:?}"
+    );
+}
+
+/// The proxy listener at its reserve with only an idle HTTP/2 connection to close, whose client
+/// never acknowledges the `PING`: the connection is cut, and the listener may accept again,
+/// [`PAUSE`] after it was told to close, not [`super::GOAWAY_GRACE`].
+#[tokio::test(start_paused = true)]
+async fn an_evicted_connection_that_ignores_the_ping_frees_its_descriptor_after_the_pause() {
+    // Limit 128, reserve 64: the listener accepts while fewer than 64 are held.
+    let descriptors = Arc::new(Descriptors::new(Some(128), None));
+    let _upstream: Vec<_> = (0..63).map(|_| descriptors.hold()).collect();
+    let shared = shared(Duration::from_secs(75), Arc::clone(&descriptors));
+    let activity = Arc::new(Activity::new());
+    let counted = descriptors.accepted(&activity);
+    let mut client = Client::open(&shared, &activity, |task| counted.serving(task)).await;
+    settle().await;
+    assert_eq!(descriptors.open(), 64);
+    let start = Instant::now();
+    let room = tokio::spawn({
+        let descriptors = Arc::clone(&descriptors);
+        async move { descriptors.room().await }
+    });
+    client.until(GOAWAY).await;
+    client.until_closed().await;
+    room.await.unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited <= PAUSE + Duration::from_millis(10),
+        "accepts waited {waited:?}"
+    );
+    assert_eq!(descriptors.open(), 63);
 }
