@@ -11,9 +11,10 @@
 //! sent before it saw the first `GOAWAY` has arrived), a second `GOAWAY` with the last stream
 //! id processed. Streams up to that id finish; later ones are ignored (RFC 9113 section 6.8),
 //! and the connection closes when its last stream ends. A client that never acknowledges the
-//! `PING` is closed once it has no stream open, [`GOAWAY_GRACE`] after the first `GOAWAY` at
-//! the lame duck and the drain, [`PAUSE`] after it at the idle timeout and when told to close
-//! to free a descriptor.
+//! `PING` is closed once it has no stream open, [`GOAWAY_GRACE`] after the first `GOAWAY` and
+//! after its last answer ended at the lame duck and the drain, [`PAUSE`] after them at the
+//! idle timeout and when told to close to free a descriptor (an answer ends when its last
+//! frame enters h2's queue: the wait after it lets a slow reader read it).
 //!
 //! What the framing guard does for HTTP/1 has no object here: HTTP/2 frames carry their
 //! length, and the h2 crate refuses a `content-length` that disagrees with the `DATA` frames,
@@ -118,9 +119,9 @@ pub(super) async fn connection<S, B, I>(
             m.connection_closed(reason);
         }
     };
-    // Set once the first GOAWAY is sent, to the grace for its PING: the timer then cuts a
-    // client that has not acknowledged it, once no stream is open.
-    let mut going_away: Option<Duration> = None;
+    // Set once the first GOAWAY is sent, to when and the grace for its PING: the timer then
+    // cuts a client that has not acknowledged it, once no stream is open.
+    let mut going_away: Option<(Instant, Duration)> = None;
     // How often a connection with a stream open looks again: never past the idle timeout
     // after its last stream ends, even an idle timeout below the park's second.
     let step = PARK_AFTER.min(shared.idle_timeout);
@@ -135,13 +136,25 @@ pub(super) async fn connection<S, B, I>(
             }
             () = timer.as_mut() => {
                 let now = Instant::now();
-                if activity.in_flight() > 0 {
-                    timer.as_mut().reset(now + going_away.unwrap_or(step));
+                if let Some((sent, grace)) = going_away {
+                    // The GOAWAY's PING unanswered: cut once no stream is open and the grace
+                    // has passed since both the GOAWAY and the last answer's end. An answer
+                    // ends when its last frame enters h2's queue, not the socket: a slow
+                    // reader has the grace to read it.
+                    let cut_at = sent.max(activity.idle_since()) + grace;
+                    if activity.in_flight() > 0 {
+                        timer.as_mut().reset(now + grace);
+                        continue;
+                    }
+                    if now >= cut_at {
+                        return;
+                    }
+                    timer.as_mut().reset(cut_at);
                     continue;
                 }
-                if going_away.is_some() {
-                    // The GOAWAY's PING unanswered, and nothing left to finish.
-                    return;
+                if activity.in_flight() > 0 {
+                    timer.as_mut().reset(now + step);
+                    continue;
                 }
                 let idle_since = activity.idle_since();
                 let (idle_end, reusable_at) =
@@ -177,9 +190,10 @@ pub(super) async fn connection<S, B, I>(
             }
         };
         if let Some(grace) = goaway {
-            going_away = Some(grace);
+            let now = Instant::now();
+            going_away = Some((now, grace));
             conn.as_mut().graceful_shutdown();
-            timer.as_mut().reset(Instant::now() + grace);
+            timer.as_mut().reset(now + grace);
         }
     }
 }

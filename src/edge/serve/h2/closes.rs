@@ -21,9 +21,14 @@ use crate::edge::keepalive::Activity;
 use crate::edge::serve::{LameDuck, Shared};
 use crate::edge::tls::Http2Limits;
 
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
 
 /// The test service's answer: this long after the request, this many bytes in one chunk
 /// (more than the client's initial window of 65,535).
@@ -69,7 +74,6 @@ fn unlimited() -> Arc<Descriptors> {
 
 /// One frame as read.
 #[derive(Debug)]
-#[expect(dead_code, reason = "read by the tests of later closes")]
 struct Frame {
     kind: u8,
     flags: u8,
@@ -246,4 +250,54 @@ async fn an_evicted_connection_that_ignores_the_ping_frees_its_descriptor_after_
         "accepts waited {waited:?}"
     );
     assert_eq!(descriptors.open(), 63);
+}
+
+/// A drain's `GOAWAY`, a client that never acknowledges the `PING`, and a stream whose answer
+/// ends just before the grace would run out, its last bytes still queued for a client that
+/// has not opened its window: the client gets [`super::GOAWAY_GRACE`] after the answer's end
+/// to read them, and reads the answer whole.
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_ends_near_the_grace_reaches_a_slow_reader_whole() {
+    let shared = shared(Duration::from_secs(75), unlimited());
+    let start = Instant::now();
+    let mut client = Client::open(&shared, &Arc::new(Activity::new()), plain).await;
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/"),
+        (":authority", "localhost"),
+    ] {
+        block.push(0);
+        block.push(u8::try_from(name.len()).unwrap());
+        block.extend_from_slice(name.as_bytes());
+        block.push(u8::try_from(value.len()).unwrap());
+        block.extend_from_slice(value.as_bytes());
+    }
+    client
+        .write(&frame(HEADERS, END_HEADERS | END_STREAM, 1, &block))
+        .await;
+    settle().await;
+    shared.begin_drain();
+    // The answer's first 65,535 bytes (the client's window), then nothing until the client
+    // opens its window, a second after the grace began would have run out.
+    let mut got = 0;
+    while got < 65_535 {
+        let f = client.next().await.expect("the answer's first bytes");
+        if f.kind == DATA && f.stream == 1 {
+            got += f.payload.len();
+        }
+    }
+    tokio::time::sleep_until(start + Duration::from_secs(6)).await;
+    let more = u32::try_from(ANSWER_BYTES).unwrap().to_be_bytes();
+    client.write(&frame(WINDOW_UPDATE, 0, 0, &more)).await;
+    client.write(&frame(WINDOW_UPDATE, 0, 1, &more)).await;
+    let rest = client.until_closed().await;
+    let data: Vec<&Frame> = rest
+        .iter()
+        .filter(|f| f.kind == DATA && f.stream == 1)
+        .collect();
+    got += data.iter().map(|f| f.payload.len()).sum::<usize>();
+    assert_eq!(got, ANSWER_BYTES, "{rest:?}");
+    assert!(data.last().is_some_and(|f| f.flags & END_STREAM != 0));
 }
