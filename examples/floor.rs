@@ -1,9 +1,22 @@
 //! The floor: a bare forwarder built from the same libraries as shedgate (tokio's
 //! multi-thread runtime, hyper's HTTP/1 server, jemalloc) and shedgate's own upstream
 //! connection pool (`shedgate::upstream::pool`, on hyper's `client::conn`), with none of
-//! shedgate's other work: no admission decision, no framing guard, no timeouts, no metrics,
-//! and no header hygiene (it forwards every header as it came, hop-by-hop ones included,
-//! which RFC 9110 section 7.6.1 forbids a proxy: it is a measuring tool, not a proxy to run).
+//! shedgate's other work: no admission decision, no framing guard, no timeouts but hyper's
+//! wait for a head, no metrics, and no header hygiene (it forwards every header as it came,
+//! hop-by-hop ones included, which RFC 9110 section 7.6.1 forbids a proxy: it is a measuring
+//! tool, not a proxy to run).
+//!
+//! It sets the two hyper settings shedgate sets by default and nothing else, so that it is
+//! like for like: header names keep their case on both legs (hyper's `preserve_header_case`
+//! on the server, and on the upstream pool with title case for names without a recorded
+//! case, as `--upstream-header-case preserve` does, `upstream::HeaderCase::Preserve`), and
+//! hyper's header read timeout on its timer, at shedgate's default `--idle-timeout` (75 s:
+//! `edge::serve` gives hyper that one timer for the wait for a head). With both, the floor
+//! went from 30,030 to 39,608 instructions per request reading the body whole and from
+//! 28,962 to 38,701 streaming it: the header case +8,445 and +8,432 alone (hyper records
+//! every name's case in a second header map on both legs, and looks each name up in it
+//! again to write it), the timeout +1,215 and +1,403 alone (`scripts/instructions.sh`,
+//! 2026-12-07).
 //! What it costs per request is what this design on these libraries costs before any of
 //! shedgate's work (docs/benchmark-history.md, "The floor").
 //!
@@ -89,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &host,
             port,
             Duration::from_secs(5),
-            shedgate::upstream::HeaderCase::Lower,
+            shedgate::upstream::HeaderCase::Preserve,
         ));
         loop {
             let (stream, _) = listener.accept().await?;
@@ -108,9 +121,16 @@ where
 {
     let _ = stream.set_nodelay(true);
     let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(IDLE_TIMEOUT)
+        .preserve_header_case(true)
         .serve_connection(TokioIo::new(stream), hyper::service::service_fn(f))
         .await;
 }
+
+/// hyper's header read timeout: shedgate's default `--idle-timeout`, which `edge::serve`
+/// gives hyper as its one timer for the wait for a head.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// `FLOOR_MIMIC`: whether the admin listener has a pressure pin set.
 static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
