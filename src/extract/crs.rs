@@ -47,9 +47,14 @@ impl Crs {
 
     /// Reads a `crs` member from its raw JSON text.
     pub fn of_raw(raw: &serde_json::value::RawValue) -> Crs {
-        match serde_json::from_str::<serde_json::Value>(raw.get()) {
+        Crs::of_text(raw.get())
+    }
+
+    /// Reads a `crs` member from its JSON text as written.
+    pub fn of_text(text: &str) -> Crs {
+        match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => Crs::of(Some(&v)),
-            Err(_) => Crs::Other(raw.get().to_owned()),
+            Err(_) => Crs::Other(text.to_owned()),
         }
     }
 }

@@ -1,22 +1,21 @@
 //! Body facts: latitude, longitude and event time read from a JSON body by JSON pointers
 //! (RFC 6901), without building a document tree.
 //!
-//! The walk descends only along the configured pointers and skips every other value with
-//! serde_json's iterative skipper, so the depth of unrelated parts of the document never
-//! matters (serde_json's recursion limit applies only to values that are deserialised, and
-//! nothing outside the pointers' paths is). Leaves are captured as raw JSON text and read
-//! here, so a number beyond `f64` (`1e400`) makes that field unreadable instead of failing the
-//! whole parse.
-
-use serde::de::DeserializeSeed;
+//! The walk ([`scan`]) descends only along the configured pointers and checks every other
+//! value for its grammar only, without recursion, so the depth of unrelated parts of the
+//! document never matters. Leaves are captured as raw JSON text and read here, so a number
+//! beyond `f64` (`1e400`) makes that field unreadable instead of failing the whole parse.
 
 pub mod coding;
 pub mod crs;
 pub mod formats;
 pub mod headers;
+#[cfg(test)]
+mod oracle;
 pub mod params;
 pub mod placeholder;
 mod pointer;
+mod scan;
 pub mod time;
 mod walk;
 
@@ -24,7 +23,7 @@ pub use params::ParamKeys;
 pub use pointer::{JsonPointer, PointerError};
 
 use crate::clock::UnixMillis;
-use walk::{Captures, Each, EventCaps, Walk};
+use walk::Captures;
 
 /// Where a body keeps its events and each event its facts: the compiled form of a format
 /// preset (see [`formats`]) or of a stream's plain pointers.
@@ -332,53 +331,20 @@ impl Extractor {
     /// Reads the events and their facts from a JSON `body`. A leading UTF-8 byte order mark
     /// is skipped (RFC 8259 section 8.1 lets a parser ignore it). Never fails: what cannot
     /// be read is reported as such.
+    ///
+    /// One pass over the bytes ([`scan`]): 7,767 instructions for the benchmark's 312-byte
+    /// body of fourteen keys and four leaves, walk and reading, against 10,230 with the serde
+    /// visitor it replaced (callgrind, `scripts/instructions.sh`).
     pub fn extract(&self, body: &[u8]) -> BodyFacts {
         let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
-        let mut caps = Captures {
-            events: vec![EventCaps::default()],
-            batch: false,
-            ambiguous: false,
-        };
-        let mut de = serde_json::Deserializer::from_slice(body);
+        let mut caps = Captures::new();
+        let mut scanner = scan::Scanner::new(body);
         let walked = match &self.root.each {
-            Some(each) => Each {
-                node: each,
-                caps: &mut caps,
-            }
-            .deserialize(&mut de),
-            None => Walk {
-                node: &self.root,
-                at: 0,
-                caps: &mut caps,
-            }
-            .deserialize(&mut de),
+            Some(each) => scanner.each(each, &mut caps, 0),
+            None => scanner.walk(&self.root, 0, &mut caps, 0),
         }
-        .and_then(|()| de.end());
-        if walked.is_err() {
-            return BodyFacts {
-                body: BodyState::NotJson,
-                batch: false,
-                ambiguous: false,
-                events: vec![EventFacts::MISSING],
-            };
-        }
-        let mut events: Vec<EventFacts> = if caps.batch {
-            caps.events[1..].iter().map(EventCaps::read).collect()
-        } else {
-            vec![caps.events[0].read()]
-        };
-        // A batch's root `crs` (a FeatureCollection's) is every event's.
-        if caps.batch && caps.events[0].foreign_crs() {
-            for e in &mut events {
-                e.coordinates = Coordinates::Invalid;
-            }
-        }
-        BodyFacts {
-            body: BodyState::Json,
-            batch: caps.batch,
-            ambiguous: caps.ambiguous,
-            events,
-        }
+        .and_then(|()| scanner.end());
+        caps.facts(walked.is_ok())
     }
 
     /// Reads a single-event body into [`Facts`] (the first event of a batch).

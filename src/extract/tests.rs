@@ -179,3 +179,170 @@ fn query_and_form_that_disagree_are_ambiguous() {
     );
     assert!(other.events[0].ambiguous);
 }
+
+/// The shapes the scanner is compared with the serde visitor on: plain pointers (nested,
+/// array indices, escaped tokens), and every format preset in every content mode (batches,
+/// events arrays, single events, `crs`, streams and devices).
+fn oracle_extractors() -> Vec<Extractor> {
+    let mut all = vec![
+        Extractor::default(),
+        ex("/position/latitude", "/coords/0", "/position/fixTime"),
+        ex("/a~1b", "/m~0n", "/t"),
+        ex("/é", "/k\"q", "/1/0"),
+    ];
+    let formats = [
+        formats::Format::Owntracks,
+        formats::Format::Traccar,
+        formats::Format::Overland,
+        formats::Format::Geojson,
+        formats::Format::Cloudevents,
+        formats::Format::StandardWebhooks,
+    ];
+    for format in formats {
+        for &mode in format.modes() {
+            all.push(Extractor::new(format.preset(mode).0).unwrap());
+        }
+    }
+    all
+}
+
+/// Documents the presets read, each a seed for the mangling below.
+const ORACLE_SEEDS: &[&str] = &[
+    r#"{"lat":52.52,"lon":13.405,"occurred_at":"2026-05-28T20:26:40Z","device_id":"veh-1","x":[1,{"y":null}]}"#,
+    r#"{"position":{"latitude":"52.5","fixTime":1780000000000},"coords":[13.4,52.5,{"z":true}],"a/b":1,"m~n":-2e1,"t":1780000000}"#,
+    r#"{"é":1.5,"k\"q":2,"1":[[3]],"\u00e9":7,"lat":"5\u0032"}"#,
+    r#"{"_type":"location","lat":52.52,"lon":13.4,"tst":1780000000,"tid":"ab","topic":"owntracks/u/d"}"#,
+    r#"{"locations":[{"type":"Feature","geometry":{"type":"Point","coordinates":[13.4,52.5]},"properties":{"timestamp":"2026-05-28T20:26:40Z","device_id":"d1"}}],"current":{"geometry":{"coordinates":[13.5,52.6]},"properties":{"timestamp":"2026-05-28T20:27:40Z"}}}"#,
+    r#"{"type":"FeatureCollection","crs":{"type":"name","properties":{"name":"urn:ogc:def:crs:OGC:1.3:CRS84"}},"features":[{"geometry":{"coordinates":[13.4,52.5,30]},"properties":{"time":1780000000}},{"geometry":null}]}"#,
+    r#"[{"specversion":"1.0","type":"vehicle.position","time":"2026-05-28T20:26:40Z","data":{"lat":1,"lon":2}},{"type":"geofence.transition","data":{"lat":"1","lon":"2"}}]"#,
+    r#"{"type":"vehicle.position","timestamp":"2026-05-28T20:26:40Z","data":{"lat":1,"lon":2,"device_id":7}}"#,
+    r#"{"device":{"id":12,"uniqueId":"abc"},"position":{"latitude":52.5,"longitude":13.4,"fixTime":"2026-05-28T20:26:40.000+00:00","deviceId":12}}"#,
+    "  [ ] ",
+    "{}",
+    "null",
+];
+
+/// Bytes that make a document's grammar, its escapes and its UTF-8 go wrong or right.
+const ORACLE_BYTES: &[&[u8]] = &[
+    b"\"",
+    b"\\",
+    b",",
+    b":",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b" ",
+    b"\x01",
+    b"\xff",
+    b"\xc3",
+    b"\xa9",
+    b"\\u",
+    b"\\ud800",
+    b"\\udc00",
+    b"0",
+    b"01",
+    b"-",
+    b".",
+    b"e",
+    b"E+",
+    b"1e400",
+    b"true",
+    b"nul",
+    b"\t",
+    b"\x7f",
+    b"\xef\xbb\xbf",
+    b"\"lat\"",
+    b"\"lat\":",
+    b"\"device_id\":\"x\"",
+];
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+
+    /// The scanner reads every body as the serde visitor did: the same body state (JSON or
+    /// not), the same events and facts, on documents mangled at random.
+    #[test]
+    fn the_scanner_reads_as_serde_json_did(
+        seed in 0..ORACLE_SEEDS.len(),
+        edits in proptest::collection::vec(
+            (0usize..4, proptest::prelude::any::<proptest::sample::Index>(), 0..ORACLE_BYTES.len()),
+            0..4,
+        ),
+    ) {
+        let mut body = ORACLE_SEEDS[seed].as_bytes().to_vec();
+        for (kind, at, with) in edits {
+            let at = at.index(body.len() + 1);
+            let with = ORACLE_BYTES[with];
+            match kind {
+                0 => body.splice(at..at, with.iter().copied()).for_each(drop),
+                1 if at < body.len() => { body.remove(at); }
+                2 if at < body.len() => body.splice(at..=at, with.iter().copied()).for_each(drop),
+                _ => body.truncate(at),
+            }
+        }
+        for e in oracle_extractors() {
+            proptest::prop_assert_eq!(
+                e.extract(&body),
+                super::oracle::extract(&e, &body),
+                "{}", String::from_utf8_lossy(&body)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_scanner_reads_the_seeds_and_the_edges_as_serde_json_did() {
+    let deep_path = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let edges = [
+        "",
+        " ",
+        "1",
+        "-0",
+        "1e400",
+        "\"\\ud800\"",
+        "{\"lat\":1e400}",
+        "{\"lat\":\"\\ud800\"}",
+        "{\"\\ud800\":1}",
+        "{\"\\u006cat\":1,\"lon\":2,\"occurred_at\":3}",
+        "{\"a\":1,}",
+        "[1,]",
+        "{\"lat\":1} x",
+        "{\"lat\":01}",
+        "{\"x\":\"\x01\"}",
+        "{\"x\":\"\\x\"}",
+        "{\"position\":1e400}",
+        "{\"position\":\"\\ud800\"}",
+        &deep_path,
+    ];
+    let mut bodies: Vec<Vec<u8>> = ORACLE_SEEDS.iter().map(|s| s.as_bytes().to_vec()).collect();
+    bodies.extend(edges.iter().map(|s| s.as_bytes().to_vec()));
+    bodies.push(b"{\"x\":\"\xff\",\"lat\":1,\"lon\":2}".to_vec());
+    bodies.push(b"{\"\xff\":1,\"lat\":1,\"lon\":2}".to_vec());
+    bodies.push(b"{\"lat\":\"\xff\",\"lon\":2}".to_vec());
+    let nested = |n: usize| format!("{}{}", "{\"a\":".repeat(n), "}".repeat(n)).into_bytes();
+    for e in oracle_extractors() {
+        let mut deep = e.clone();
+        let pointer = format!("/{}", vec!["a"; 130].join("/"));
+        if let Ok(d) = Extractor::pointers(
+            JsonPointer::parse(&pointer).unwrap(),
+            JsonPointer::parse("/lon").unwrap(),
+            JsonPointer::parse("/t").unwrap(),
+        ) {
+            deep = d;
+        }
+        for body in bodies
+            .iter()
+            .chain([nested(126), nested(127), nested(128)].iter())
+        {
+            for ex in [&e, &deep] {
+                assert_eq!(
+                    ex.extract(body),
+                    super::oracle::extract(ex, body),
+                    "{}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
+    }
+}
