@@ -442,10 +442,7 @@ impl Rejection {
                 success_body: Some(body),
                 ..
             } => (body.clone(), "application/json"),
-            _ => (
-                Bytes::from(serde_json::to_vec(&problem).unwrap_or_default()),
-                PROBLEM_JSON,
-            ),
+            _ => (Bytes::from(problem.to_json()), PROBLEM_JSON),
         };
         let mut response = Response::new(full(body));
         *response.status_mut() = status;
@@ -484,6 +481,11 @@ pub fn server_options() -> Response<Body> {
     );
     response
 }
+
+mod document;
+
+#[cfg(test)]
+mod problem_tests;
 
 #[cfg(test)]
 mod tests {
