@@ -41,6 +41,8 @@ fn the_document_is_written_as_serde_json_writes_it() {
         "del\u{7f}",
         "/slash",
         "",
+        "a longer name with a \" quote past its eighth byte,\n a newline and \u{1f} after",
+        "eight by\\tes then \u{7}",
     ];
     let numbers = [
         0.0,
