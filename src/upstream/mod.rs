@@ -275,19 +275,16 @@ impl Proxy {
         };
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
-        let client = parts.extensions.get::<ClientInfo>();
-        strip_hop_by_hop(&mut parts.headers);
-        // The proxy answered `Expect: 100-continue` itself by reading the body; the upstream
-        // gets the whole body at once.
-        parts.headers.remove(header::EXPECT);
-        // The body is re-framed by the client (exact size → Content-Length, else chunked).
-        parts.headers.remove(header::CONTENT_LENGTH);
-        if let Some(info) = client {
+        let client = parts.extensions.get::<ClientInfo>().map(|info| {
             let ip = info.peer.ip().to_canonical();
-            let trusted = self.trusted.iter().any(|net| net.contains(&ip));
-            add_forwarding_headers(&mut parts.headers, info, trusted);
-        }
-        if self.host == HostHeader::Upstream || !parts.headers.contains_key(header::HOST) {
+            (info, self.trusted.iter().any(|net| net.contains(&ip)))
+        });
+        // Hop-by-hop headers, `Expect` (the proxy answered `100-continue` itself by reading
+        // the body; the upstream gets the whole body at once) and `Content-Length` (the body
+        // is re-framed by the client: exact size → Content-Length, else chunked) removed,
+        // the forwarding headers set.
+        let has_host = headers::prepare_request(&mut parts.headers, client);
+        if self.host == HostHeader::Upstream || !has_host {
             // A request without `Host` (HTTP/1.0) gets the upstream's, as HTTP/1.1 requires
             // (RFC 9112 section 3.2).
             parts.headers.insert(header::HOST, self.host_header.clone());
