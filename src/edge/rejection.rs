@@ -288,14 +288,7 @@ impl Rejection {
             } => (
                 "urn:shedgate:problem:shed",
                 "Shed under load",
-                format!(
-                    "stream {:?} shed ({}) in area {:?} (rank {}); retry after {} s",
-                    explanation.stream,
-                    explanation.reason,
-                    explanation.area,
-                    explanation.rank,
-                    retry_after
-                ),
+                document::shed_detail(explanation, *retry_after),
                 Some(*retry_after),
                 Some(explanation),
                 Some(explanation.reason),

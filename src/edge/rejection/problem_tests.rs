@@ -80,3 +80,32 @@ fn the_document_is_written_as_serde_json_writes_it() {
     }
     assert_eq!(compared, texts.len() * numbers.len() * 4);
 }
+
+#[test]
+fn the_shed_detail_is_the_format_it_replaces() {
+    let texts = [
+        "plain",
+        "vehicle.position",
+        "quo\"te",
+        "back\\slash",
+        "new\nline\ttab\u{1}",
+        "apo'strophe",
+        "é ü 東京",
+        "del\u{7f}",
+        "combining \u{301} mark",
+        "",
+    ];
+    for text in texts {
+        for (rank, retry) in [(1, 1), (50, 7), (100, u32::MAX)] {
+            let mut e = explanation(text, 0.5, false);
+            e.rank = rank;
+            assert_eq!(
+                document::shed_detail(&e, retry),
+                format!(
+                    "stream {:?} shed ({}) in area {:?} (rank {}); retry after {} s",
+                    e.stream, e.reason, e.area, e.rank, retry
+                )
+            );
+        }
+    }
+}
