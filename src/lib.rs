@@ -62,8 +62,8 @@
 //!   problem+json, the access-log line of a head hyper's parser refused
 //!   (`edge::refusal`), and TLS on the client listener (`edge::tls`: the handshake, bounded
 //!   and metered, and the certificate pair swapped live, `edge::tls::pair`,
-//!   `edge::tls::watch`), with HTTP/2 for connections whose ALPN chose it
-//!   (`edge::serve::h2`).
+//!   `edge::tls::watch`); hyper's HTTP/1.1 connection (`edge::serve::h1`), or HTTP/2 for
+//!   connections whose ALPN chose it (`edge::serve::h2`).
 //! - [`upstream`]: [`upstream::Upstream`]: everything one upstream owns — its pooled client,
 //!   its pressure (one controller per upstream, never shared), its class and freshness
 //!   budgets, its clock skew, its load-report reading, its metric series

@@ -4,6 +4,7 @@
 //! shutdown (docs/responses.md "Connections"). A TLS connection whose ALPN chose `h2` is
 //! served by hyper's HTTP/2 server instead ([`h2`]).
 
+mod h1;
 pub mod h2;
 
 use std::net::SocketAddr;
@@ -14,7 +15,6 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use std::pin::Pin;
 
 use tokio::net::TcpListener;
@@ -23,16 +23,16 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::answer::close_when;
 pub use super::client::{ClientInfo, LameDuck};
 use super::descriptors::{Backoff, Descriptors, Listener};
-use super::framing::{AmbiguousFraming, FramingGuard, HeadVerdict, HeaderLineTooLong, Progress};
-use super::keepalive::{Activity, Answer, PARK_AFTER};
+use super::framing::{FramingGuard, Progress};
+use super::keepalive::{Activity, PARK_AFTER};
 use super::lifecycle::ClientIo;
 use super::protocol::refuse_protocol;
 use super::tls::{ClientStream, Tls};
 use crate::BoxError;
 use crate::metrics::{AlpnProtocol, CloseReason, ErrorKind, Metrics};
+use h1::{Parked, start};
 
 /// Client connection settings of a listener.
 #[derive(Debug, Clone)]
@@ -492,98 +492,6 @@ where
                 }
             }
         }
-    }
-}
-
-/// A client connection's hyper connection serving `Svc`, boxed (freed when it is parked).
-type Started<Svc> = Pin<
-    Box<
-        hyper::server::conn::http1::Connection<
-            ClientIo<TokioIo<ClientStream>>,
-            TowerToHyperService<Svc>,
-        >,
-    >,
->;
-
-/// hyper's HTTP/1.1 connection over `io`, serving the listener's stack with the request hook
-/// (the client's [`ClientInfo`], made here once per hyper connection, and the framing
-/// guard's verdict, in extensions) and the answer hook ([`close_when`]).
-fn start<S, B>(
-    shared: &Shared<S>,
-    io: ClientIo<TokioIo<ClientStream>>,
-    peer: SocketAddr,
-    verdicts: &super::framing::Verdicts,
-    activity: &Arc<Activity>,
-) -> Started<
-    impl Service<
-        Request<Incoming>,
-        Response = Response<Answer<B>>,
-        Error = std::convert::Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
->
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    let svc = tower::util::MapRequest::new(shared.stack.clone(), {
-        let verdicts = verdicts.clone();
-        let activity = Arc::clone(activity);
-        let descriptors = Arc::clone(&shared.descriptors);
-        let info = ClientInfo::new(peer).over_tls(shared.tls);
-        move |mut req: Request<Incoming>| {
-            activity.request(req.version());
-            descriptors.in_use(&activity);
-            req.extensions_mut().insert(info.clone());
-            match verdicts.next() {
-                Some(HeadVerdict::Framing(why)) => {
-                    req.extensions_mut().insert(AmbiguousFraming(why));
-                }
-                Some(HeadVerdict::LineTooLong(limit)) => {
-                    req.extensions_mut().insert(HeaderLineTooLong(limit));
-                }
-                None => {}
-            }
-            req
-        }
-    });
-    let svc = tower::util::MapResponse::new(
-        svc,
-        close_when(
-            verdicts.clone(),
-            shared.lame_duck.clone(),
-            shared.metrics.clone(),
-            Arc::clone(activity),
-        ),
-    );
-    Box::pin(
-        shared
-            .builder
-            .serve_connection(io, TowerToHyperService::new(svc)),
-    )
-}
-
-/// Counts a connection in [`crate::metrics::PARKED_CONNECTIONS`] while it lives.
-struct Parked<'a>(&'a Metrics);
-
-impl<'a> Parked<'a> {
-    fn new(metrics: &'a Metrics) -> Self {
-        metrics.parked_connections.increment(1.0);
-        Parked(metrics)
-    }
-}
-
-impl Drop for Parked<'_> {
-    fn drop(&mut self) {
-        self.0.parked_connections.decrement(1.0);
     }
 }
 
