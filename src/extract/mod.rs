@@ -21,6 +21,7 @@ mod walk;
 
 pub use params::ParamKeys;
 pub use pointer::{JsonPointer, PointerError};
+pub use scan::string_stops;
 
 use crate::clock::UnixMillis;
 use walk::Captures;

@@ -23,6 +23,25 @@ use std::borrow::Cow;
 
 mod descend;
 
+/// Eight bytes of a JSON string, little-endian, flagged (bit 7 of a byte) at each byte a
+/// string cannot hold as it is: a quote, a backslash or a control character; 0 for none. The
+/// lowest flag is exact (a borrow can flag only bytes after a true one), so
+/// `trailing_zeros() / 8` is the first such byte of the eight. serde_json's test; used by the
+/// walk's strings and by the 503 document's writer.
+#[inline]
+pub fn string_stops(w: u64) -> u64 {
+    // Non-zero at each zero byte of `x`, exact at the lowest.
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    zero(w ^ (ONES * u64::from(b'"')))
+        | zero(w ^ (ONES * u64::from(b'\\')))
+        | (w.wrapping_sub(ONES * 0x20) & !w & HIGHS)
+}
+
+/// A one in each of a word's eight bytes.
+const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+/// The high bit of each of a word's eight bytes.
+const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+
 /// The body is not JSON as the walk reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct NotJson;
@@ -135,10 +154,6 @@ impl<'de> Scanner<'de> {
     /// none of them is a quote, a backslash or a control character (serde_json's test too).
     #[inline]
     fn string(&mut self) -> Result<Seen> {
-        const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-        const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-        // Non-zero when a byte of `w` is zero (exactly: no false answer either way).
-        let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
         let bytes = self.bytes;
         let mut at = self.at;
         let mut high = 0u64;
@@ -147,12 +162,8 @@ impl<'de> Scanner<'de> {
             while let Some(chunk) = bytes.get(at..at + 8) {
                 let mut word = [0u8; 8];
                 word.copy_from_slice(chunk);
-                // Little-endian: the lowest flagged byte is the first in the body, and it is
-                // exact (a borrow can flag only bytes after a true one).
                 let w = u64::from_le_bytes(word);
-                let stop = zero(w ^ (ONES * u64::from(b'"')))
-                    | zero(w ^ (ONES * u64::from(b'\\')))
-                    | (w.wrapping_sub(ONES * 0x20) & !w & HIGHS);
+                let stop = string_stops(w);
                 if stop == 0 {
                     high |= w;
                     at += 8;

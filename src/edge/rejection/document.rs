@@ -189,19 +189,11 @@ fn json_value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
 /// backslash, a control character): eight bytes at a time, then one at a time. Against one
 /// at a time throughout, a shed's answer 54,349 → 53,150–53,233 instructions.
 fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    // Non-zero when a byte of `w` is zero; the lowest flagged byte is exact (a borrow can
-    // flag only bytes after a true one).
-    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
     let mut at = from;
     while let Some(chunk) = bytes.get(at..at + 8) {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(word);
-        let stop = zero(w ^ (ONES * u64::from(b'"')))
-            | zero(w ^ (ONES * u64::from(b'\\')))
-            | (w.wrapping_sub(ONES * 0x20) & !w & HIGHS);
+        let stop = crate::extract::string_stops(u64::from_le_bytes(word));
         if stop != 0 {
             return Some(at + (stop.trailing_zeros() / 8) as usize);
         }
