@@ -83,9 +83,12 @@ pub fn assess_with_device(
     body: &[u8],
 ) -> (Option<StreamId>, Facts, NamedDevice) {
     let stream = reading.known.flatten();
-    // Read once for both uses below. An ambiguous `Content-Type` reads as none; it never
-    // reaches the stream's read mode (the stream is unknown then).
-    let content_type = read_one(headers, &CONTENT_TYPE).value();
+    // `Content-Type` is read only where it changes the reading: the content mode of a stream
+    // read without a route, when its format has more than one, and whether a body is a form,
+    // when the extractor reads query or form keys. (The route's mode was picked from it
+    // already, by the caller.) An ambiguous `Content-Type` reads as none; it never reaches
+    // the stream's read mode (the stream is unknown then).
+    let content_type = || read_one(headers, &CONTENT_TYPE).value();
     let mode = reading
         .route
         .map(|(i, j)| policy.routes()[i].mode_at(j))
@@ -94,16 +97,19 @@ pub fn assess_with_device(
     {
         (Some(m), _) => (&m.extractor, m.time_header.as_ref(), &m.device_headers),
         (None, Some(id)) => {
-            let m = policy
-                .stream_policy(id)
-                .read_mode(content_type.map(http::HeaderValue::as_bytes));
+            let s = policy.stream_policy(id);
+            let m = match s.modes.as_slice() {
+                [one] => one,
+                _ => s.read_mode(content_type().map(http::HeaderValue::as_bytes)),
+            };
             (&m.extractor, m.time_header.as_ref(), &m.device_headers)
         }
         (None, None) => (&*DEFAULT_EXTRACTOR, None, &[]),
     };
-    let form = content_type.is_some_and(|v| {
-        media_type(v.as_bytes()).eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
-    });
+    let form = extractor.shape().params.is_some()
+        && content_type().is_some_and(|v| {
+            media_type(v.as_bytes()).eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
+        });
     let mut body_facts = extractor.extract_request(query, form, body);
     if body_facts.ambiguous {
         // The events themselves are stated twice: nothing of the body is believed. A stream
