@@ -190,7 +190,8 @@ pub struct Decision {
     /// The configured area the event fell in, `None` for unconfigured places and unreadable
     /// coordinates.
     pub area: Option<AreaId>,
-    /// The resolution-4 cell of the event's point, when the decision located it.
+    /// The resolution-4 cell of the event's point, when the decision located it: a point far
+    /// from every configured area is not located ([`Policy::locate`]), its area is none.
     pub cell: Option<h3o::CellIndex>,
     /// The rank used: the area's, or the policy's default rank.
     pub rank: Rank,
@@ -479,7 +480,7 @@ pub fn decide(
         return decision;
     }
     if let Coordinates::Valid { lat, lon } = facts.coordinates
-        && let Some(cell) = Policy::cell_at(lat, lon)
+        && let Some(cell) = policy.locate(lat, lon)
     {
         let (area, rank) = policy.area_of_cell(cell);
         decision.cell = Some(cell);

@@ -496,6 +496,11 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
     let streams_leave_default = streams
         .iter()
         .any(|s| s.upstream.is_some_and(|u| u != UpstreamId::DEFAULT));
+    let coverage = super::coverage::Coverage::of(
+        cells
+            .keys()
+            .filter_map(|&cell| h3o::CellIndex::try_from(cell).ok()),
+    );
     Ok(Compiled {
         policy: Policy {
             version,
@@ -504,6 +509,7 @@ pub fn compile(files: &PolicyFiles) -> Result<Compiled, PolicyError> {
             routes,
             areas,
             cells,
+            coverage,
             default_rank,
             curve,
             mode,

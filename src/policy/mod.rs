@@ -5,6 +5,7 @@
 
 mod class;
 mod compile;
+pub mod coverage;
 pub mod curve;
 mod error;
 pub mod file;
@@ -309,6 +310,8 @@ pub struct Policy {
     routes: Vec<Route>,
     areas: Vec<Area>,
     cells: Lookup<u64, AreaId>,
+    /// Where `cells` may be: a point elsewhere is in no area without its cell computed.
+    coverage: coverage::Coverage,
     default_rank: Rank,
     curve: Curve,
     mode: Mode,
@@ -516,10 +519,20 @@ impl Policy {
     /// see [`crate::extract::Coordinates::new`]). Unconfigured places get
     /// `(None, default_rank)`.
     pub fn area_at(&self, lat: f64, lon: f64) -> (Option<AreaId>, Rank) {
-        match Self::cell_at(lat, lon) {
+        match self.locate(lat, lon) {
             Some(cell) => self.area_of_cell(cell),
             None => (None, self.default_rank),
         }
+    }
+
+    /// The resolution-4 cell of a point (degrees, range-checked) that may be in a configured
+    /// area; `None` for a point far from every area ([`coverage`]: its area is none and its
+    /// rank the default, without the 200–400 ns of [`Policy::cell_at`]) or not finite.
+    pub fn locate(&self, lat: f64, lon: f64) -> Option<CellIndex> {
+        if !self.coverage.may_hold(lat, lon) {
+            return None;
+        }
+        Self::cell_at(lat, lon)
     }
 
     /// The resolution-4 cell of a point, degrees (`None`: not finite; range-check first, as
