@@ -11,9 +11,11 @@
 //! The tracker follows message boundaries (head, then a `Content-Length` body or chunked
 //! body) and records one verdict per request head, in order. hyper serves an HTTP/1.1
 //! connection's requests one at a time and in order, so the service takes the verdicts in
-//! the same order ([`Verdicts::next`]). If the tracker ever cannot follow the stream (a head
-//! it cannot parse, an upgrade), it stops recording and every later request is passed
-//! without a verdict: hyper's own parser still applies.
+//! the same order ([`Verdicts::next`]). It does not parse a head a second time: one scan
+//! of its lines finds where it ends (where hyper's parser ends every head it accepts) and
+//! what the rules read (`framing/head.rs`). If the tracker ever cannot follow the stream (a
+//! head it sees hyper would refuse, a `CONNECT`), it stops recording and every later request
+//! is passed without a verdict: hyper's own parser still applies.
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
@@ -23,7 +25,7 @@ use std::task::{Context, Poll};
 
 use hyper::rt::{Read, ReadBufCursor, Write};
 
-use head::HeadFacts;
+use head::{HeadFacts, Scan};
 
 pub use crate::metrics::ProtocolMismatch as WrongProtocol;
 
@@ -31,8 +33,6 @@ pub use crate::metrics::ProtocolMismatch as WrongProtocol;
 /// connection. `--max-head` may not exceed it, so hyper refuses (431) every head the tracker
 /// could not follow.
 pub const MAX_HEAD: usize = 64 * 1024;
-/// Most header lines the tracker parses.
-const MAX_HEADERS: usize = 128;
 
 #[derive(Debug)]
 enum Phase {
@@ -334,35 +334,23 @@ impl Tracker {
             let avail = buf.len() - pos;
             match self.phase {
                 Phase::Lost => break,
-                Phase::Head => {
-                    // httparse finds the end of the head exactly as hyper will (leading empty
-                    // lines, bare-LF line ends and all), so the two never disagree on where
-                    // the next message starts.
-                    // Uninitialised header slots, as hyper parses (httparse writes each slot
-                    // before the parsed request exposes it): initialising 128 empty headers
-                    // was a 4 KiB memset per request head.
-                    let mut headers =
-                        [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-                    let mut req = httparse::Request::new(&mut []);
-                    match req.parse_with_uninit_headers(&buf[pos..], &mut headers) {
-                        Ok(httparse::Status::Complete(n)) => {
-                            let facts = HeadFacts::read(&req);
-                            let verdict = facts
-                                .judge()
-                                .map(HeadVerdict::Framing)
-                                .or_else(|| self.line_too_long(&facts));
-                            let next = facts.next_phase();
-                            self.verdicts.push_back(verdict);
-                            if matches!(next, Phase::Head) {
-                                self.complete += 1;
-                            }
-                            self.phase = next;
-                            pos += n;
+                Phase::Head => match HeadFacts::scan(&buf[pos..], self.max_line) {
+                    Scan::Complete(n, facts) => {
+                        let verdict = facts
+                            .judge()
+                            .map(HeadVerdict::Framing)
+                            .or_else(|| self.line_too_long(&facts));
+                        let next = facts.next_phase();
+                        self.verdicts.push_back(verdict);
+                        if matches!(next, Phase::Head) {
+                            self.complete += 1;
                         }
-                        Ok(httparse::Status::Partial) if avail <= MAX_HEAD => break,
-                        _ => self.phase = Phase::Lost,
+                        self.phase = next;
+                        pos += n;
                     }
-                }
+                    Scan::Partial if avail <= MAX_HEAD => break,
+                    _ => self.phase = Phase::Lost,
+                },
                 Phase::Body(left) => {
                     let n = left.min(avail as u64);
                     pos += usize::try_from(n).unwrap_or(avail);
@@ -416,7 +404,9 @@ impl Tracker {
     }
 
     fn line_too_long(&self, facts: &HeadFacts<'_>) -> Option<HeadVerdict> {
-        (facts.longest_line > self.max_line).then_some(HeadVerdict::LineTooLong(self.max_line))
+        facts
+            .line_too_long
+            .then_some(HeadVerdict::LineTooLong(self.max_line))
     }
 
     fn chunk_line(&mut self, text: &str) {
