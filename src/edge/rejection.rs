@@ -4,7 +4,7 @@
 //! The proxy never answers 410: webhook senders disable an endpoint that answers it.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
@@ -285,14 +285,7 @@ impl Rejection {
             Rejection::Shed {
                 explanation,
                 retry_after,
-            } => (
-                "urn:shedgate:problem:shed",
-                "Shed under load",
-                document::shed_detail(explanation, *retry_after),
-                Some(*retry_after),
-                Some(explanation),
-                Some(explanation.reason),
-            ),
+            } => return shed_response(explanation, *retry_after),
             Rejection::Stale {
                 explanation,
                 reason: ShedReason::Superseded,
@@ -445,7 +438,7 @@ impl Rejection {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         if let Some(reason) = reason {
-            headers.insert(X_SHED_REASON, HeaderValue::from_static(reason));
+            headers.insert(SHED_REASON, HeaderValue::from_static(reason));
         }
         if close {
             headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
@@ -459,6 +452,45 @@ impl Rejection {
         response
     }
 }
+
+/// A shed's 503: `Content-Type`, `Retry-After` and `X-Shed-Reason` in that order, and the
+/// problem document ([`document::shed_json`]), as the other rejections' answers are made but
+/// with the document's constant parts written as one piece, the header name and the common
+/// `Retry-After` values made once.
+fn shed_response(explanation: &Explanation, retry_after: u32) -> Response<Body> {
+    let mut response = Response::new(full(document::shed_json(explanation, retry_after)));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    headers.insert(RETRY_AFTER, retry_after_value(retry_after));
+    headers.insert(SHED_REASON, HeaderValue::from_static(explanation.reason));
+    response
+}
+
+/// [`X_SHED_REASON`] as a header name, made once: inserted by its text, it was parsed on each
+/// answer.
+const SHED_REASON: HeaderName = HeaderName::from_static(X_SHED_REASON);
+
+/// `Retry-After: secs`, from [`RETRY_AFTER_VALUES`] up to a minute (`HeaderValue::from(u32)`
+/// formats and copies the digits on each answer).
+fn retry_after_value(secs: u32) -> HeaderValue {
+    usize::try_from(secs)
+        .ok()
+        .and_then(|i| RETRY_AFTER_VALUES.get(i))
+        .map_or_else(|| HeaderValue::from(secs), HeaderValue::clone)
+}
+
+/// Header values of the given integers' decimal texts.
+macro_rules! seconds {
+    ($($n:literal)*) => {
+        [$(HeaderValue::from_static(stringify!($n))),*]
+    };
+}
+/// `Retry-After` values of 0 to 60 seconds, each its decimal text.
+static RETRY_AFTER_VALUES: [HeaderValue; 61] = seconds![
+    0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33
+    34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
+];
 
 /// Methods the proxy forwards, for `Allow`: the standard ones but `CONNECT` and `TRACE` (and
 /// `OPTIONS *`, answered here).

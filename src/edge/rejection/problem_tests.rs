@@ -109,3 +109,64 @@ fn the_shed_detail_is_the_format_it_replaces() {
         }
     }
 }
+
+#[test]
+fn a_sheds_document_is_the_problem_document_of_its_detail() {
+    let texts = [
+        "plain",
+        "vehicle.position",
+        "quo\"te",
+        "back\\slash",
+        "new\nline\ttab\u{1}",
+        "apo'strophe",
+        "é ü 東京",
+        "del\u{7f}",
+        "",
+    ];
+    for text in texts {
+        for some in [false, true] {
+            for (rank, secs) in [(1, 0), (50, 7), (100, u32::MAX)] {
+                let mut e = explanation(text, 0.1 + 0.2, some);
+                e.rank = rank;
+                let problem = Problem {
+                    kind: "urn:shedgate:problem:shed",
+                    title: "Shed under load",
+                    status: 503,
+                    detail: document::shed_detail(&e, secs),
+                    retry_after: Some(secs),
+                    explanation: Some(&e),
+                };
+                assert_eq!(
+                    String::from_utf8(document::shed_json(&e, secs)).unwrap(),
+                    serde_json::to_string(&problem).unwrap()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sheds_answer_has_its_headers_in_order_and_retry_after_in_seconds() {
+    for secs in [1, 7, 30, 60, 61, 3600, u32::MAX] {
+        let e = explanation("plain", 0.5, false);
+        let response = Rejection::Shed {
+            explanation: e.clone(),
+            retry_after: secs,
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let headers: Vec<(String, String)> = response
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("content-type".to_owned(), PROBLEM_JSON.to_owned()),
+                ("retry-after".to_owned(), secs.to_string()),
+                (X_SHED_REASON.to_owned(), e.reason.to_owned()),
+            ]
+        );
+    }
+}
