@@ -247,3 +247,26 @@ fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
         .position(|&b| b < 0x20 || b == b'"' || b == b'\\')
         .map(|i| at + i)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::next_escape;
+
+    #[test]
+    fn the_first_byte_to_escape_is_found_at_every_place_of_every_length() {
+        for len in 0..20 {
+            for stop in [b'"', b'\\', b'\n', 0x1f, 0] {
+                for at in 0..=len {
+                    let mut bytes = vec![b'a'; len];
+                    if at < len {
+                        bytes[at] = stop;
+                    }
+                    for from in 0..=len {
+                        let expected = (from..len).find(|&i| bytes[i] == stop && i == at);
+                        assert_eq!(next_escape(&bytes, from), expected, "{bytes:?} from {from}");
+                    }
+                }
+            }
+        }
+    }
+}
