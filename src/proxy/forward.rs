@@ -19,25 +19,30 @@ use crate::live::store::Snapshot;
 use crate::metrics::Outcome;
 use crate::policy::StreamId;
 use crate::record::Note;
-use crate::upstream::{ClassGuard, ForwardBody, Routing, Target, UpstreamId, UpstreamOutcome};
+use crate::upstream::{
+    BodyProgress, ClassGuard, ForwardBody, Routed, Routing, Target, UpstreamId, UpstreamOutcome,
+};
 
-/// A request whose body streams to the upstream unread, bounded in size and time.
-pub(super) fn stream_through<B>(shared: &Shared, req: Request<B>) -> Request<ForwardBody>
+/// A request whose body streams to the upstream unread, bounded in size and time, and the
+/// body's progress (for the upstream timeout, [`BodyProgress`]).
+pub(super) fn stream_through<B>(
+    shared: &Shared,
+    req: Request<B>,
+) -> (Request<ForwardBody>, BodyProgress)
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let (mut parts, body) = req.into_parts();
-    let progress = crate::upstream::BodyProgress::default();
-    parts.extensions.insert(progress.clone());
+    let (parts, body) = req.into_parts();
+    let progress = BodyProgress::default();
     let limit = usize::try_from(shared.settings.max_body).unwrap_or(usize::MAX);
     let body = TimedBody::new(
         Limited::new(body, limit).boxed_unsync(),
         shared.settings.body_read_timeout,
-        progress,
+        progress.clone(),
     )
     .boxed_unsync();
-    Request::from_parts(parts, body)
+    (Request::from_parts(parts, body), progress)
 }
 
 /// An admitted fix of a device: what a 2xx from the upstream tells the device table.
@@ -54,8 +59,9 @@ pub(super) struct Delivery {
 }
 
 /// Forwards an admitted request to `upstream` (through `inner`, which sends it to the
-/// request's [`Target`]), counting it in flight there until its response body ends. A fix of
-/// a device (`delivery`) the upstream answers 2xx ends the device's silence.
+/// request's [`Target`]), counting it in flight there until its response body ends; its
+/// streamed body's `progress` goes with it. A fix of a device (`delivery`) the upstream
+/// answers 2xx ends the device's silence.
 #[expect(clippy::too_many_arguments, reason = "a request's parts, by name")]
 pub(super) async fn forward<S>(
     shared: Arc<Shared>,
@@ -64,11 +70,12 @@ pub(super) async fn forward<S>(
     upstream: UpstreamId,
     stream: Option<StreamId>,
     req: Request<ForwardBody>,
+    progress: Option<BodyProgress>,
     reserved: Option<ClassGuard>,
     delivery: Option<Delivery>,
 ) -> Response<Body>
 where
-    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S: Service<Routed, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
     let mut req = req;
@@ -100,11 +107,15 @@ where
         counts.start(),
         delivery.as_mut().and_then(|d| d.floor.take()),
     );
-    req.extensions_mut().insert(Target(Arc::clone(up)));
+    let routed = Routed {
+        target: Target(Arc::clone(up)),
+        progress,
+        request: req,
+    };
     // Boxed as a `Send` trait object here, where `S::Future: Send` is known; awaiting the
     // generic future directly trips rustc's higher-ranked `Send` inference.
     let call: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>> =
-        Box::pin(inner.oneshot(req));
+        Box::pin(inner.oneshot(routed));
     let m = &snapshot.metrics;
     let answered = match snapshot.policy.class(class).max_request_time {
         None => call.await,

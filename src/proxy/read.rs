@@ -31,7 +31,7 @@ use crate::metrics::{Fact, Outcome};
 use crate::policy::Supersession;
 use crate::record::preview::Live;
 use crate::record::{Decided, Note};
-use crate::upstream::{ForwardBody, Routing, Target, Upstream};
+use crate::upstream::{Routed, Routing, Target, Upstream};
 
 /// Reads a body (a sheddable stream's, or one that names its own stream), decides, and
 /// forwards or answers.
@@ -43,10 +43,7 @@ pub(super) async fn admit_sheddable<S, B>(
     req: Request<B>,
 ) -> Response<Body>
 where
-    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Routed, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -385,6 +382,7 @@ where
                 upstream,
                 stream,
                 Request::from_parts(parts, body),
+                None,
                 reserved,
                 delivery,
             )
@@ -401,7 +399,7 @@ where
 /// sample and not a request of any stream.
 async fn probe_clock<S>(shared: Arc<Shared>, inner: S, up: Arc<Upstream>)
 where
-    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible> + Send,
+    S: Service<Routed, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
     let body = http_body_util::Empty::new()
@@ -410,10 +408,14 @@ where
     let mut req = Request::new(body);
     *req.method_mut() = http::Method::OPTIONS;
     *req.uri_mut() = http::Uri::from_static("*");
-    req.extensions_mut().insert(Target(Arc::clone(&up)));
+    let routed = Routed {
+        target: Target(Arc::clone(&up)),
+        progress: None,
+        request: req,
+    };
     let call: std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>,
-    > = Box::pin(tower::ServiceExt::oneshot(inner, req));
+    > = Box::pin(tower::ServiceExt::oneshot(inner, routed));
     let Ok(response) = call.await;
     if response
         .extensions()

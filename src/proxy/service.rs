@@ -22,7 +22,7 @@ use crate::BoxError;
 use crate::edge::rejection::{Body, Rejection};
 use crate::edge::target::Local;
 use crate::policy::Supersession;
-use crate::upstream::ForwardBody;
+use crate::upstream::Routed;
 
 /// The admission service.
 #[derive(Debug, Clone)]
@@ -35,10 +35,7 @@ pub struct Admission<S> {
 
 impl<S, B> Service<Request<B>> for Admission<S>
 where
-    S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Routed, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -77,10 +74,7 @@ impl<S> Admission<S> {
         mut req: Request<B>,
     ) -> ResponseFuture
     where
-        S: Service<Request<ForwardBody>, Response = Response<Body>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
+        S: Service<Routed, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
         S::Future: Send,
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<BoxError>,
@@ -157,9 +151,17 @@ impl<S> Admission<S> {
                     match hold_for_room(&shared, upstream, &snapshot, stream, class).await {
                         Ok(reserved) => {
                             // The body deadline starts after the wait, not before it.
-                            let req = stream_through(&shared, req);
+                            let (req, progress) = stream_through(&shared, req);
                             forward(
-                                shared, inner, snapshot, upstream, stream, req, reserved, None,
+                                shared,
+                                inner,
+                                snapshot,
+                                upstream,
+                                stream,
+                                req,
+                                Some(progress),
+                                reserved,
+                                None,
                             )
                             .await
                         }
@@ -167,9 +169,17 @@ impl<S> Admission<S> {
                     }
                 });
             }
-            let req = stream_through(&shared, req);
+            let (req, progress) = stream_through(&shared, req);
             ResponseFuture::boxed(forward(
-                shared, inner, snapshot, upstream, stream, req, None, None,
+                shared,
+                inner,
+                snapshot,
+                upstream,
+                stream,
+                req,
+                Some(progress),
+                None,
+                None,
             ))
         }
     }

@@ -3,7 +3,7 @@
 //! ([`Upstreams`], by [`UpstreamId`]) read with the policy it was built for as one
 //! [`Routing`], rebuilt by name when a reload changes the upstreams ([`LiveUpstreams`]), and
 //! the stack's innermost service sending each request to the upstream chosen for it
-//! ([`Dispatch`], by its [`Target`]).
+//! ([`Dispatch`], by its [`Target`], in a [`Routed`] request).
 //!
 //! And the client to one upstream ([`Proxy`]): the connection pool ([`pool`]), header
 //! hygiene (RFC 9110 section 7.6.1), forwarding headers, the upstream timeout, and the
@@ -23,7 +23,7 @@ mod state;
 
 pub use account::{ACCOUNTS, Account, Accounts};
 pub use classes::{ClassGuard, ClassLoad};
-pub use dispatch::{Dispatch, Target};
+pub use dispatch::{Dispatch, Routed, Target};
 pub use freshness::{FloorGuard, FreshnessBudget};
 pub use headers::{HOP_BY_HOP, add_forwarding_headers, strip_hop_by_hop};
 pub use live::{LiveUpstreams, UpstreamError};
@@ -76,7 +76,7 @@ pub enum UpstreamOutcome {
 }
 
 /// When the request body finished arriving (for streamed bodies; a buffered body has
-/// finished before forwarding starts). Carried in request extensions; the upstream timeout
+/// finished before forwarding starts). Carried beside the request ([`Routed`]); the upstream timeout
 /// and the latency sample start when the body has been sent, so a slow uploader is neither
 /// a 504 nor an upstream latency (it is a 408 when the body read timeout passes).
 #[derive(Debug, Clone, Default)]
@@ -262,12 +262,19 @@ impl tower::Service<Request<ForwardBody>> for Proxy {
 
     fn call(&mut self, req: Request<ForwardBody>) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        let progress = req.extensions().get::<BodyProgress>().cloned();
+        Box::pin(async move { Ok(this.forward(req, progress).await) })
     }
 }
 
 impl Proxy {
-    async fn forward(&self, req: Request<ForwardBody>) -> Response<Body> {
+    /// Sends `req` upstream; `progress` tells when its streamed body finished arriving
+    /// (`None`: a body read whole before), where the upstream timeout starts.
+    async fn forward(
+        &self,
+        req: Request<ForwardBody>,
+        progress: Option<BodyProgress>,
+    ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let uri = match self.upstream_uri(&parts.uri) {
             Ok(uri) => uri,
@@ -289,7 +296,6 @@ impl Proxy {
             // (RFC 9112 section 3.2).
             parts.headers.insert(header::HOST, self.host_header.clone());
         }
-        let progress = parts.extensions.get::<BodyProgress>().cloned();
         let request = Request::from_parts(parts, body);
         let started = Instant::now();
         let sent = || {
