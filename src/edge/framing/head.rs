@@ -16,9 +16,13 @@ pub(super) enum Scan<'a> {
     /// Bytes httparse (hence hyper) refuses, seen on the way: a CR before the request line
     /// that no LF follows, a request line that does not end with ` HTTP/1.1` or ` HTTP/1.0`
     /// (an HTTP/2 preface, a TLS hello, garbage), more than [`MAX_HEADERS`] header lines, a
-    /// header line without a colon where the scan looks for one. hyper answers such a head
-    /// itself and closes; the tracker stops following the connection, as it did when
-    /// httparse refused a head.
+    /// header line without a colon where the scan looks for one, a line folded onto the one
+    /// before it (obs-fold: it starts with a space or a tab), a space or tab between
+    /// `Transfer-Encoding` or `Content-Length` and its colon. hyper answers such a head itself
+    /// and closes; the tracker stops following the connection, as it did when httparse
+    /// refused a head (its boundaries unknown, the close lingers), rather than frame it by a
+    /// `Content-Length` it misread or could not see. A bare CR inside a line is not looked
+    /// for: such a head is framed by what it declares.
     Refused,
 }
 
@@ -107,8 +111,15 @@ impl<'a> HeadFacts<'a> {
     }
 
     /// Reads one header line (`line` without its line end; `raw`, its length with it); false
-    /// when the line has no colon where one was looked for.
+    /// when the line has no colon where one was looked for, is folded (starts with a space
+    /// or a tab), or spaces a framing header's name from its colon (see [`Scan::Refused`]).
     fn header(&mut self, line: &'a [u8], raw: usize, max_line: usize) -> bool {
+        if matches!(line.first(), Some(b' ' | b'\t'))
+            || spaced(line, b"transfer-encoding")
+            || spaced(line, b"content-length")
+        {
+            return false;
+        }
         // name + ": " + value + CRLF is at most the raw line plus 2 (no space after the colon,
         // a bare LF), so only a line that long is measured.
         if raw + 2 > max_line {
@@ -179,6 +190,14 @@ impl<'a> HeadFacts<'a> {
 /// in any case: the name is the bytes before the first colon.
 fn named(line: &[u8], lower: &[u8]) -> bool {
     line.get(lower.len()) == Some(&b':') && line[..lower.len()].eq_ignore_ascii_case(lower)
+}
+
+/// Whether a header line (without its line end) starts with the name `lower` (lowercase
+/// ASCII, in any case) followed by a space or a tab: a name httparse refuses, since no space
+/// may come before the colon (RFC 9112 section 5.1).
+fn spaced(line: &[u8], lower: &[u8]) -> bool {
+    matches!(line.get(lower.len()), Some(b' ' | b'\t'))
+        && line[..lower.len()].eq_ignore_ascii_case(lower)
 }
 
 /// A header value from the bytes after the colon (the line end excluded), as httparse gives
@@ -290,6 +309,26 @@ mod tests {
             .prop_map(|(lead, rl, e1, lines, e2, tail)| {
                 format!("{lead}{rl}{e1}{}{e2}{tail}", lines.concat()).into_bytes()
             })
+    }
+
+    /// Heads hyper refuses whose framing the scan would otherwise misread (a `Content-Length`
+    /// it could not see, a folded value) stop the tracker, so their body is drained while
+    /// hyper's 400 goes out; a folded line and a spaced framing name, in any case.
+    #[test]
+    fn folded_lines_and_spaced_framing_names_are_refused() {
+        for head in [
+            &b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length : 100000\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHost: x\r\ncontent-length\t: 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTRANSFER-ENCODING : chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 10\r\n 00\r\n\r\n",
+            b"POST / HTTP/1.1\nX-Stream: a\n\tb\n\n",
+        ] {
+            assert!(by_httparse(head).is_err(), "{head:?}");
+            assert_eq!(by_scan(head, 8192), None, "{head:?}");
+        }
+        // Names that only begin like a framing header are read as other headers.
+        let head = b"POST / HTTP/1.1\r\nContent-Lengths : 1\r\nContent-Length: 0\r\n\r\n";
+        assert!(by_scan(head, 8192).is_some());
     }
 
     proptest! {
