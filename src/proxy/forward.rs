@@ -58,8 +58,8 @@ pub(super) struct Delivery {
     pub(super) floor: Option<crate::upstream::FloorGuard>,
 }
 
-/// Forwards an admitted request to `upstream` (through `inner`, which sends it to the
-/// request's [`Target`]), counting it in flight there until its response body ends; its
+/// Forwards an admitted request to `upstream` (through `inner`, which gets it beside its
+/// [`Target`] in a [`Routed`]), counting it in flight there until its response body ends; its
 /// streamed body's `progress` goes with it. A fix of a device (`delivery`) the upstream
 /// answers 2xx ends the device's silence.
 #[expect(clippy::too_many_arguments, reason = "a request's parts, by name")]

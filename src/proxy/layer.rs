@@ -20,8 +20,8 @@ impl AdmissionLayer {
     /// A layer deciding with the live policy and the pressure and budgets of each request's
     /// upstream in `upstreams` (read as one pair per request; `store` gives the clock) (the
     /// inner service gets each request with its upstream, a [`crate::upstream::Routed`]:
-    /// [`crate::upstream::Dispatch`] sends it there), sheddable bodies drawing on `buffers`, devices remembered in `devices`,
-    /// answers written to the access log and decided in the preview's shadow as `records`
+    /// [`crate::upstream::Dispatch`] sends it there), sheddable bodies drawing on `buffers`,
+    /// devices remembered in `devices`, answers written to the access log and decided in the preview's shadow as `records`
     /// says. The clock and the draw are the store's ([`PolicyStore::sources`]): one per
     /// proxy.
     pub fn new(

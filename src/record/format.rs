@@ -182,7 +182,8 @@ impl Formatter {
         match facts.coordinates {
             Coordinates::Valid { lat, lon } => {
                 // Located by the decision; a body it did not locate (a `never` event named in
-                // the body) is located here, off the request path.
+                // the body, a point far from every area: `Policy::locate`) is located here,
+                // off the request path.
                 let cell = decision
                     .and_then(|d| d.cell)
                     .or_else(|| crate::policy::Policy::cell_at(lat, lon));

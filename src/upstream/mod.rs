@@ -76,8 +76,8 @@ pub enum UpstreamOutcome {
 }
 
 /// When the request body finished arriving (for streamed bodies; a buffered body has
-/// finished before forwarding starts). Carried beside the request ([`Routed`]); the upstream timeout
-/// and the latency sample start when the body has been sent, so a slow uploader is neither
+/// finished before forwarding starts). Carried beside the request ([`Routed`]); the upstream
+/// timeout and the latency sample start when the body has been sent, so a slow uploader is neither
 /// a 504 nor an upstream latency (it is a 408 when the body read timeout passes).
 #[derive(Debug, Clone, Default)]
 pub struct BodyProgress(std::sync::Arc<std::sync::OnceLock<Instant>>);
