@@ -81,21 +81,24 @@ fn the_document_is_written_as_serde_json_writes_it() {
     assert_eq!(compared, texts.len() * numbers.len() * 4);
 }
 
+/// Stream and area names for the shed's detail and document: plain, needing JSON escapes,
+/// non-ASCII, a combining mark, empty.
+const TEXTS: [&str; 10] = [
+    "plain",
+    "vehicle.position",
+    "quo\"te",
+    "back\\slash",
+    "new\nline\ttab\u{1}",
+    "apo'strophe",
+    "é ü 東京",
+    "del\u{7f}",
+    "combining \u{301} mark",
+    "",
+];
+
 #[test]
 fn the_shed_detail_is_the_format_it_replaces() {
-    let texts = [
-        "plain",
-        "vehicle.position",
-        "quo\"te",
-        "back\\slash",
-        "new\nline\ttab\u{1}",
-        "apo'strophe",
-        "é ü 東京",
-        "del\u{7f}",
-        "combining \u{301} mark",
-        "",
-    ];
-    for text in texts {
+    for text in TEXTS {
         for (rank, retry) in [(1, 1), (50, 7), (100, u32::MAX)] {
             let mut e = explanation(text, 0.5, false);
             e.rank = rank;
@@ -112,18 +115,7 @@ fn the_shed_detail_is_the_format_it_replaces() {
 
 #[test]
 fn a_sheds_document_is_the_problem_document_of_its_detail() {
-    let texts = [
-        "plain",
-        "vehicle.position",
-        "quo\"te",
-        "back\\slash",
-        "new\nline\ttab\u{1}",
-        "apo'strophe",
-        "é ü 東京",
-        "del\u{7f}",
-        "",
-    ];
-    for text in texts {
+    for text in TEXTS {
         for some in [false, true] {
             for (rank, secs) in [(1, 0), (50, 7), (100, u32::MAX)] {
                 let mut e = explanation(text, 0.1 + 0.2, some);
