@@ -91,9 +91,9 @@ fn col(lon: f64) -> usize {
 fn square(degrees: f64, len: usize) -> usize {
     #[expect(
         clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a saturating cast: below 0 (and NaN) is 0, the top is clamped below"
+        reason = "saturates; clamped below `len`"
     )]
+    #[expect(clippy::cast_sign_loss, reason = "saturates: below 0 (and NaN) is 0")]
     let index = degrees as usize;
     index.min(len - 1)
 }
