@@ -11,10 +11,10 @@ use http::{Request, Response};
 
 use super::state::Upstream;
 use super::{BodyProgress, ForwardBody};
-use crate::edge::rejection::{Body, Rejection};
+use crate::edge::rejection::Body;
 
-/// The upstream a request goes to, chosen by admission: beside the request in a [`Routed`]
-/// (or in a bare request's extensions). It holds the upstream until the upstream's answer
+/// The upstream a request goes to, chosen by admission: beside the request in a [`Routed`].
+/// It holds the upstream until the upstream's answer
 /// has come (the response body keeps its own connection).
 #[derive(Debug, Clone)]
 pub struct Target(pub Arc<Upstream>);
@@ -35,10 +35,7 @@ pub struct Routed {
     pub request: Request<ForwardBody>,
 }
 
-/// Sends each request to its [`Target`]'s upstream: a [`Routed`] request, or a bare one
-/// naming its [`Target`] (and its [`BodyProgress`], if streamed) in its extensions. A bare
-/// request without one is answered 502 (a caller that chose no upstream for it; never
-/// expected) and logged.
+/// Sends each [`Routed`] request to its [`Target`]'s upstream.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Dispatch;
 
@@ -60,39 +57,6 @@ impl tower::Service<Routed> for Dispatch {
             request,
         } = routed;
         Box::pin(async move { Ok(upstream.proxy.forward(request, progress).await) })
-    }
-}
-
-impl tower::Service<Request<ForwardBody>> for Dispatch {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut req: Request<ForwardBody>) -> Self::Future {
-        match req.extensions_mut().remove::<Target>() {
-            Some(target) => {
-                let progress = req.extensions_mut().remove::<BodyProgress>();
-                self.call(Routed {
-                    target,
-                    progress,
-                    request: req,
-                })
-            }
-            None => {
-                tracing::error!(
-                    method = %req.method(),
-                    target = %req.uri(),
-                    "a request reached the upstream client with no upstream chosen: 502"
-                );
-                let rejection =
-                    Rejection::BadGateway("no upstream was chosen for the request".to_owned());
-                Box::pin(std::future::ready(Ok(super::failed(rejection))))
-            }
-        }
     }
 }
 
@@ -179,21 +143,14 @@ mod tests {
             Arc::new(named_upstream("b").await),
         );
         for (upstream, name) in [(&b, "b"), (&a, "a"), (&b, "b")] {
-            let mut req = request();
-            req.extensions_mut().insert(Target(Arc::clone(upstream)));
-            let Ok(response) = Dispatch.oneshot(req).await;
+            let routed = Routed {
+                target: Target(Arc::clone(upstream)),
+                progress: None,
+                request: request(),
+            };
+            let Ok(response) = Dispatch.oneshot(routed).await;
             assert_eq!(response.status(), http::StatusCode::OK);
             assert_eq!(response.headers()["x-upstream"], name);
         }
-    }
-
-    #[tokio::test]
-    async fn a_request_without_a_target_is_answered_502() {
-        let Ok(response) = Dispatch.oneshot(request()).await;
-        assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
-        assert!(matches!(
-            response.extensions().get::<super::super::UpstreamOutcome>(),
-            Some(super::super::UpstreamOutcome::Failed(_))
-        ));
     }
 }
